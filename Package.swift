@@ -1,0 +1,40 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "UbiquityFS",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "ubiquityfs", targets: ["ubiquityfs"]),
+    ],
+    targets: [
+        // libfuse3's low-level API. Only UbiquityFuse imports it.
+        .systemLibrary(name: "CFuse", pkgConfig: "fuse3",
+                       providers: [.apt(["libfuse3-dev"])]),
+        // SQLite for the embedded store's metadata. Only UbiquityStore imports it.
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3",
+                       providers: [.apt(["libsqlite3-dev"])]),
+        // App manifests (Info.plist): parsing, validation, the CFBundleVersion registration rule.
+        .target(name: "UbiquityManifests"),
+        // The backing-store protocol and its embedded (SQLite + chunk files), in-memory and
+        // fault-injecting implementations.
+        .target(name: "UbiquityStore", dependencies: ["CSQLite"]),
+        // The filesystem model: namespace, views, document coordination. Knows nothing of FUSE.
+        .target(name: "UbiquityFileSystem", dependencies: ["UbiquityStore", "UbiquityManifests"]),
+        // The thin adapter from libfuse3's low-level API to the model.
+        .target(name: "UbiquityFuse", dependencies: ["CFuse", "UbiquityFileSystem"]),
+        // Subcommands, option parsing and the daemon's life cycle.
+        .target(name: "UbiquityCLI", dependencies: ["UbiquityFuse", "UbiquityFileSystem",
+                                                    "UbiquityStore", "UbiquityManifests"]),
+        // The `ubiquityfs` executable: one entry file.
+        .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"]),
+
+        .testTarget(name: "ManifestsTests", dependencies: ["UbiquityManifests"]),
+        .testTarget(name: "StoreTests", dependencies: ["UbiquityStore"]),
+        .testTarget(name: "FileSystemTests", dependencies: ["UbiquityFileSystem", "UbiquityStore",
+                                                           "UbiquityManifests"]),
+        // Mount the built binary for real; needs /dev/fuse and root (as CI has).
+        .testTarget(name: "MountTests", dependencies: []),
+    ],
+    swiftLanguageModes: [.v6]
+)

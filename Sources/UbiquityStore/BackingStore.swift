@@ -1,0 +1,289 @@
+// The backing-store protocol: what the filesystem model needs from persistent storage.
+//
+// Three parts, so a shared store (PostgreSQL + S3) can later replace each one:
+// - MetadataStore: namespace, attributes, versions, container registry. Every change is a batch of
+//   `Mutation`s committed in one transaction: that transaction is the commit point of every
+//   operation, including publishing a document version.
+// - BlobStore: immutable content chunks. A version is a list of `ChunkRef`s; a small change to a
+//   big file writes one new chunk and reuses the others.
+// - WorkArea: mutable working copies of documents being written (one per open file, shared by all
+//   its handles). A working copy is a sparse file holding only the chunks changed since its base
+//   version, plus a map of which chunks those are, so a crashed daemon's unpublished work can be
+//   recovered as a version.
+//
+// Implementations: embedded (SQLite + local files), in-memory (tests), fault-injecting (wraps
+// either, fails chosen calls with a chosen errno).
+
+import Foundation
+
+public typealias InodeNumber = UInt64
+public typealias VersionID = Int64
+public typealias BlobID = UInt64
+
+/// The one error type of the store layer: an errno plus what failed, in words.
+public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
+    public var errno: Int32
+    public var message: String
+    public init(errno: Int32, _ message: String) {
+        self.errno = errno
+        self.message = message
+    }
+    public var description: String { "\(message) (errno \(errno): \(String(cString: strerror(errno))))" }
+}
+
+/// Content is split into chunks of this size. Chunk `i` covers bytes [i*chunkSize, (i+1)*chunkSize).
+public let chunkSize = 1 << 20
+
+public enum NodeKind: UInt8, Sendable, Codable {
+    case regular = 1, directory, symlink, fifo, socket, characterDevice, blockDevice
+}
+
+/// A reference to one chunk of a version. `blob == 0` is a hole (reads as zeros). A blob shorter
+/// than `chunkSize` reads as zeros past its end.
+public struct ChunkRef: Sendable, Hashable, Codable {
+    public var blob: BlobID
+    public var length: UInt32
+    /// Checksum of the blob's bytes (see `contentChecksum`), to detect a blob that never reached
+    /// the disk before a power cut.
+    public var checksum: UInt64
+    public init(blob: BlobID, length: UInt32, checksum: UInt64) {
+        self.blob = blob
+        self.length = length
+        self.checksum = checksum
+    }
+    public static let hole = ChunkRef(blob: 0, length: 0, checksum: 0)
+    public var isHole: Bool { blob == 0 }
+}
+
+/// Times are nanoseconds since the epoch.
+public struct NodeRecord: Sendable, Equatable {
+    public var ino: InodeNumber
+    /// Identifier of the container this node belongs to (e.g. "iCloud.com.example.TestDrive").
+    public var container: String
+    public var kind: NodeKind
+    /// Permission bits including set-user-ID, set-group-ID and sticky; no file-type bits.
+    public var mode: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    public var nlink: UInt32
+    public var size: UInt64
+    public var atime: Int64
+    public var mtime: Int64
+    public var ctime: Int64
+    public var btime: Int64
+    public var rdev: UInt64
+    /// Symlink target bytes (symlinks only).
+    public var target: [UInt8]
+    /// Current version of a regular file's content; nil for an empty file never published.
+    public var currentVersion: VersionID?
+
+    public init(ino: InodeNumber, container: String, kind: NodeKind, mode: UInt32, uid: UInt32,
+                gid: UInt32, nlink: UInt32, size: UInt64, atime: Int64, mtime: Int64, ctime: Int64,
+                btime: Int64, rdev: UInt64 = 0, target: [UInt8] = [], currentVersion: VersionID? = nil) {
+        self.ino = ino; self.container = container; self.kind = kind; self.mode = mode
+        self.uid = uid; self.gid = gid; self.nlink = nlink; self.size = size
+        self.atime = atime; self.mtime = mtime; self.ctime = ctime; self.btime = btime
+        self.rdev = rdev; self.target = target; self.currentVersion = currentVersion
+    }
+}
+
+public struct DirentRecord: Sendable, Equatable {
+    public var parent: InodeNumber
+    public var name: [UInt8]
+    public var child: InodeNumber
+    public init(parent: InodeNumber, name: [UInt8], child: InodeNumber) {
+        self.parent = parent; self.name = name; self.child = child
+    }
+}
+
+public struct XattrRecord: Sendable, Equatable {
+    public var ino: InodeNumber
+    public var name: [UInt8]
+    public var value: [UInt8]
+    public init(ino: InodeNumber, name: [UInt8], value: [UInt8]) {
+        self.ino = ino; self.name = name; self.value = value
+    }
+}
+
+public enum VersionOrigin: String, Sendable, Codable {
+    /// Published on last close, idle time, fsync or unmount.
+    case published
+    /// Rebuilt at start-up from a working copy a crashed daemon left unpublished.
+    case recovered
+}
+
+public struct VersionRecord: Sendable, Equatable {
+    public var id: VersionID
+    public var ino: InodeNumber
+    public var created: Int64
+    public var size: UInt64
+    public var chunks: [ChunkRef]
+    public var origin: VersionOrigin
+    /// Host that published it (for conflict copies later).
+    public var device: String
+    public init(id: VersionID, ino: InodeNumber, created: Int64, size: UInt64, chunks: [ChunkRef],
+                origin: VersionOrigin, device: String) {
+        self.id = id; self.ino = ino; self.created = created; self.size = size
+        self.chunks = chunks; self.origin = origin; self.device = device
+    }
+}
+
+/// A container as registered (settings frozen until the manifest's CFBundleVersion grows).
+public struct ContainerRecord: Sendable, Equatable {
+    public var identifier: String
+    public var bundleIdentifier: String
+    public var name: String
+    public var isPublic: Bool
+    /// "None", "One" or "Any".
+    public var folderLevels: String
+    public var registeredVersion: String
+    public var manifestPath: String
+    /// The container's root folder (holds Documents/ and the app's private data).
+    public var rootIno: InodeNumber
+    public init(identifier: String, bundleIdentifier: String, name: String, isPublic: Bool,
+                folderLevels: String, registeredVersion: String, manifestPath: String,
+                rootIno: InodeNumber) {
+        self.identifier = identifier; self.bundleIdentifier = bundleIdentifier; self.name = name
+        self.isPublic = isPublic; self.folderLevels = folderLevels
+        self.registeredVersion = registeredVersion; self.manifestPath = manifestPath
+        self.rootIno = rootIno
+    }
+}
+
+public enum Mutation: Sendable, Equatable {
+    /// Insert or replace.
+    case putNode(NodeRecord)
+    /// Remove the node, its xattrs and its versions (versions' blobs become garbage).
+    case deleteNode(InodeNumber)
+    case putDirent(DirentRecord)
+    case deleteDirent(parent: InodeNumber, name: [UInt8])
+    case putXattr(XattrRecord)
+    case deleteXattr(ino: InodeNumber, name: [UInt8])
+    /// Insert a version (never replaced: versions are immutable).
+    case putVersion(VersionRecord)
+    case putContainer(ContainerRecord)
+    case setMeta(key: String, value: String)
+}
+
+/// Everything the model keeps in memory, read once at start-up.
+public struct StoreSnapshot: Sendable {
+    public var nodes: [NodeRecord] = []
+    public var dirents: [DirentRecord] = []
+    public var xattrs: [XattrRecord] = []
+    public var containers: [ContainerRecord] = []
+    /// Chunk lists of every node's current version, keyed by version id.
+    public var currentVersions: [VersionRecord] = []
+    public var meta: [String: String] = [:]
+    /// Largest inode and version ids ever used (ids are never reused).
+    public var maxIno: InodeNumber = 0
+    public var maxVersion: VersionID = 0
+    public init() {}
+}
+
+public protocol MetadataStore: AnyObject, Sendable {
+    func load() throws(StoreError) -> StoreSnapshot
+    /// Apply all mutations in one transaction, in order. `durable`: the transaction reaches stable
+    /// storage before this returns (fsync semantics); otherwise it may be lost on power cut but
+    /// never partially applied.
+    func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError)
+    /// All versions of a node, oldest first.
+    func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord]
+    func version(_ id: VersionID) throws(StoreError) -> VersionRecord?
+    /// Free-space figures of the store's disk, for statfs.
+    func capacity() -> StoreCapacity
+}
+
+public struct StoreCapacity: Sendable, Equatable {
+    public var blockSize: UInt64
+    public var totalBlocks: UInt64
+    public var freeBlocks: UInt64
+    public var availableBlocks: UInt64
+    public var totalFiles: UInt64
+    public var freeFiles: UInt64
+    public init(blockSize: UInt64, totalBlocks: UInt64, freeBlocks: UInt64, availableBlocks: UInt64,
+                totalFiles: UInt64, freeFiles: UInt64) {
+        self.blockSize = blockSize; self.totalBlocks = totalBlocks; self.freeBlocks = freeBlocks
+        self.availableBlocks = availableBlocks; self.totalFiles = totalFiles; self.freeFiles = freeFiles
+    }
+}
+
+public protocol BlobStore: AnyObject, Sendable {
+    /// Store `bytes` (at most `chunkSize`) as a new immutable blob. `durable`: on stable storage
+    /// before returning.
+    func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef
+    /// Read up to `buffer.count` bytes of `blob` from `offset`; returns the count read (short at the
+    /// blob's end). Safe to call from many threads at once.
+    func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int
+    /// Make every blob written so far durable (one syncfs instead of one fsync per blob).
+    func syncAll() throws(StoreError)
+    func delete(_ blob: BlobID) throws(StoreError)
+    /// Recompute a blob's checksum, for recovery and `check`.
+    func verify(_ ref: ChunkRef) -> Bool
+}
+
+/// A mutable working copy. Byte offsets are file offsets; chunk `i` of the document is at
+/// [i*chunkSize, ...) of the working copy. Only chunks marked dirty hold meaningful bytes; the
+/// others are read from the base version. The file's logical size is the working copy's size.
+public protocol WorkFile: AnyObject, Sendable {
+    var ino: InodeNumber { get }
+    func pread(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) -> Int
+    func pwrite(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError)
+    func truncate(to size: Int) throws(StoreError)
+    /// Record that chunk `index` now lives in the working copy (persisted in the map, so recovery
+    /// knows which chunks to take from here).
+    func markDirty(_ index: Int) throws(StoreError)
+    /// Record the base version the dirty chunks apply to, and the logical size.
+    func setBase(_ base: VersionID?, size: UInt64) throws(StoreError)
+    /// fsync the working copy and its map.
+    func sync() throws(StoreError)
+    /// Delete the working copy and its map.
+    func remove()
+}
+
+/// A working copy found at start-up: a daemon died before publishing it.
+public struct RecoveredWork: Sendable {
+    public var ino: InodeNumber
+    public var base: VersionID?
+    public var size: UInt64
+    public var dirtyChunks: [Int]
+    public var file: any WorkFile
+    public init(ino: InodeNumber, base: VersionID?, size: UInt64, dirtyChunks: [Int], file: any WorkFile) {
+        self.ino = ino; self.base = base; self.size = size; self.dirtyChunks = dirtyChunks; self.file = file
+    }
+}
+
+public protocol WorkArea: AnyObject, Sendable {
+    /// Create (replacing any previous) the working copy of `ino`, empty, of logical size 0.
+    func create(ino: InodeNumber) throws(StoreError) -> any WorkFile
+    /// Working copies left by a previous run.
+    func leftovers() throws(StoreError) -> [RecoveredWork]
+}
+
+/// The three parts of one backing store, opened together.
+public struct BackingStore: Sendable {
+    public var metadata: any MetadataStore
+    public var blobs: any BlobStore
+    public var work: any WorkArea
+    public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea) {
+        self.metadata = metadata; self.blobs = blobs; self.work = work
+    }
+}
+
+/// Checksum of chunk content: 64-bit FNV-1a over 8-byte words, then the tail bytes. Not
+/// cryptographic: it detects torn or missing blobs, not tampering.
+public func contentChecksum(_ bytes: UnsafeRawBufferPointer) -> UInt64 {
+    var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+    let prime: UInt64 = 0x0000_0100_0000_01b3
+    let words = bytes.count / 8
+    var i = 0
+    while i < words {
+        hash = (hash ^ bytes.loadUnaligned(fromByteOffset: i * 8, as: UInt64.self)) &* prime
+        i += 1
+    }
+    var j = words * 8
+    while j < bytes.count {
+        hash = (hash ^ UInt64(bytes[j])) &* prime
+        j += 1
+    }
+    return hash ^ UInt64(bytes.count)
+}
