@@ -1,0 +1,356 @@
+// The subcommands: mount, unmount, containers, check.
+
+import Foundation
+import UbiquityFileSystem
+import UbiquityFuse
+import UbiquityManifests
+import UbiquityStore
+
+// MARK: - registry glue
+
+extension Registration {
+    init(_ r: ContainerRecord) {
+        self.init(identifier: r.identifier, bundleIdentifier: r.bundleIdentifier,
+                  settings: ContainerSettings(isPublic: r.isPublic, name: r.name,
+                                              folderLevels: FolderLevels(rawValue: r.folderLevels) ?? .none),
+                  registeredVersion: r.registeredVersion, manifestPath: r.manifestPath, active: false)
+    }
+
+    var info: ContainerInfo {
+        ContainerInfo(identifier: identifier, bundleIdentifier: bundleIdentifier, name: settings.name,
+                      isPublic: settings.isPublic, folderLevels: settings.folderLevels.rawValue,
+                      registeredVersion: registeredVersion, manifestPath: manifestPath, active: active)
+    }
+}
+
+/// Manifests in `apps`, registered against what the store already holds (iCloud's rule).
+func registrations(apps: String, previous: [ContainerRecord], applyChanges: Bool) -> (RegistrationResult, [Diagnostic]) {
+    let load = loadManifests(directory: apps)
+    let result = register(previous: previous.map(Registration.init), manifests: load.manifests, applyChanges: applyChanges)
+    return (result, load.diagnostics + result.diagnostics)
+}
+
+// MARK: - mount
+
+let mountCommand = Subcommand(
+    name: "mount",
+    summary: "mount the containers (drive view, or one app's containers with --app)",
+    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] MOUNTPOINT",
+    options: [
+        ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
+        ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
+        ("--app=", "mount this app's containers whole (app view) instead of the drive view"),
+        ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
+        ("--foreground", "stay in the foreground and log to stderr too"),
+        ("--apply-manifest-changes", "apply container settings edited without raising CFBundleVersion"),
+        ("--ready-fd=", "(internal) descriptor to report readiness on"),
+    ],
+    positionals: 1...1,
+    run: runMount)
+
+private func runMount(_ p: Parsed) throws -> Int32 {
+    let mountpoint = absolutePath(p.positionals[0])
+    var isDir: ObjCBool = false
+    guard FileManager.default.fileExists(atPath: mountpoint, isDirectory: &isDir), isDir.boolValue else {
+        writeError("ubiquityfs mount: \(mountpoint) is not an existing folder; create it first (mkdir -p \(mountpoint))")
+        return ExitCode.failure
+    }
+    if let fd = p.value("--ready-fd") {
+        guard let n = Int32(fd) else { throw UsageError(message: "--ready-fd needs a number") }
+        return serve(p, mountpoint: mountpoint, readyFD: n)
+    }
+    if p.flags.contains("--foreground") {
+        return serve(p, mountpoint: mountpoint, readyFD: nil)
+    }
+    return try detach(p)
+}
+
+/// Start the daemon as a new session (never fork a running Swift process) and wait on a pipe
+/// until it says the mount is ready, or why it failed.
+private func detach(_ p: Parsed) throws -> Int32 {
+    var fds: [Int32] = [0, 0]
+    // Close-on-exec: the child gets only the dup at fd 3, so its exit or close is our EOF.
+    guard pipe(&fds) == 0 else { throw FSError(errno, "pipe failed") }
+    _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+    _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+    var args = ["ubiquityfs"] + Array(CommandLine.arguments.dropFirst())
+    args.insert(contentsOf: ["--ready-fd", "3"], at: 2)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 3)
+    var attr = posix_spawnattr_t()
+    posix_spawnattr_init(&attr)
+    defer { posix_spawnattr_destroy(&attr) }
+    posix_spawnattr_setflags(&attr, Int16(0x80))  // POSIX_SPAWN_SETSID (glibc): not imported
+    var pid: pid_t = 0
+    let cargs = args.map { strdup($0) } + [nil]
+    defer { cargs.forEach { free($0) } }
+    let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, cargs, environ)
+    close(fds[1])
+    guard rc == 0 else {
+        close(fds[0])
+        throw FSError(rc, "cannot start the daemon")
+    }
+    // Read the daemon's report: lines to show, then "ready" or "error: ...".
+    var data = Data()
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    while true {
+        let n = read(fds[0], &buffer, buffer.count)
+        if n < 0 && errno == EINTR { continue }
+        if n <= 0 { break }
+        data.append(contentsOf: buffer[0..<n])
+    }
+    close(fds[0])
+    let lines = String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+    var ready = false
+    for line in lines {
+        if line == "ready" { ready = true } else { writeError(line) }
+    }
+    if ready { return ExitCode.success }
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    if lines.isEmpty { writeError("ubiquityfs mount: the daemon exited before the mount was ready (status \(status))") }
+    return ExitCode.failure
+}
+
+/// Run the daemon in this process until unmounted or signalled.
+private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
+    let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+    let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
+    let report: (String) -> Void = { line in
+        if let readyFD { _ = (line + "\n").withCString { write(readyFD, $0, strlen($0)) } } else { writeError(line) }
+    }
+    let store: BackingStore
+    do { store = try openEmbeddedStore(directory: storeDir) } catch {
+        report("ubiquityfs mount: cannot open the store: \(error)")
+        return ExitCode.failure
+    }
+    let logger = Logger(path: storeDir + "/ubiquityfs.log", toStderr: readyFD == nil)
+    let log: @Sendable (String) -> Void = { logger.write($0) }
+    log("starting: store \(storeDir), apps \(apps), mountpoint \(mountpoint)")
+
+    let snapshot: StoreSnapshot
+    do { snapshot = try store.metadata.load() } catch {
+        report("ubiquityfs mount: cannot read the store: \(error)")
+        return ExitCode.failure
+    }
+    let (result, diagnostics) = registrations(apps: apps, previous: snapshot.containers,
+                                              applyChanges: p.flags.contains("--apply-manifest-changes"))
+    for d in diagnostics {
+        log(d.description)
+        if readyFD != nil { report(d.description) }
+    }
+    let view: View
+    if let bundle = p.value("--app") {
+        guard result.registrations.contains(where: { $0.bundleIdentifier == bundle && $0.active }) else {
+            report("ubiquityfs mount: no app with bundle identifier \(bundle) in \(apps); check its manifest with 'ubiquityfs check --apps \(apps)'")
+            return ExitCode.failure
+        }
+        view = .app(bundleIdentifier: bundle)
+    } else {
+        view = .drive
+    }
+    let fs: UbiquityFileSystem
+    do {
+        fs = try UbiquityFileSystem(store: store, containers: result.registrations.map(\.info), view: view,
+                                    snapshot: snapshot, log: log)
+    } catch {
+        report("ubiquityfs mount: cannot open the filesystem: \(error)")
+        return ExitCode.failure
+    }
+    let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
+    let session: FuseSession
+    do { session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, log: log) } catch {
+        report("ubiquityfs mount: \(error)")
+        return ExitCode.failure
+    }
+    let pidFile = storeDir + "/daemon.pid"
+    try? "\(getpid())\n".write(toFile: pidFile, atomically: true, encoding: .utf8)
+    log("mounted \(mountpoint) (\(view == .drive ? "drive view" : "app view"), pid \(getpid()))")
+    if let readyFD {
+        report("ready")
+        close(readyFD)
+    }
+
+    let publisher = IdlePublisher(fs: fs)
+    publisher.start()
+    let signal = session.run()
+    publisher.stop()
+    log(signal == 0 ? "unmounted; publishing pending work" : "signal \(signal); publishing pending work and unmounting")
+    let failures = fs.publishAll()
+    session.close()
+    try? FileManager.default.removeItem(atPath: pidFile)
+    log(failures.isEmpty ? "stopped cleanly" : "stopped; \(failures.count) working copies kept for recovery")
+    return failures.isEmpty ? ExitCode.success : ExitCode.failure
+}
+
+/// Publishes files held open once they have been idle (DESIGN §3), once a second.
+final class IdlePublisher: @unchecked Sendable {
+    private let fs: UbiquityFileSystem
+    private let condition = NSCondition()
+    private var stopping = false   // guarded by condition
+    private var thread: Thread?
+
+    init(fs: UbiquityFileSystem) { self.fs = fs }
+
+    func start() {
+        let t = Thread { [self] in
+            while true {
+                condition.lock()
+                if !stopping { _ = condition.wait(until: Date().addingTimeInterval(1)) }
+                let stop = stopping
+                condition.unlock()
+                if stop { return }
+                fs.publishIdle()
+            }
+        }
+        t.name = "idle-publisher"
+        thread = t
+        t.start()
+    }
+
+    func stop() {
+        condition.lock()
+        stopping = true
+        condition.signal()
+        condition.unlock()
+    }
+}
+
+/// Appends timestamped lines to the daemon's log file (and stderr in the foreground).
+final class Logger: @unchecked Sendable {
+    private let fd: Int32
+    private let toStderr: Bool
+    init(path: String, toStderr: Bool) {
+        fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        self.toStderr = toStderr
+    }
+    func write(_ message: String) {
+        let stamp = ISO8601DateFormatter.string(from: Date(), timeZone: .current,
+                                                formatOptions: [.withInternetDateTime, .withFractionalSeconds])
+        let line = "\(stamp) [\(getpid())] \(message)\n"
+        line.withCString { p in
+            let n = strlen(p)
+            if fd >= 0 { _ = Glibc.write(fd, p, n) }
+            if toStderr { _ = Glibc.write(2, p, n) }
+        }
+    }
+}
+
+// MARK: - unmount
+
+let unmountCommand = Subcommand(
+    name: "unmount",
+    summary: "publish pending work, unmount, and wait for the daemon to stop",
+    usage: "unmount MOUNTPOINT",
+    options: [],
+    positionals: 1...1,
+    run: { p in
+        let mountpoint = absolutePath(p.positionals[0])
+        var buffer = [UInt8](repeating: 0, count: 32)
+        let n = c_getxattr(mountpoint, "user.ubiquityfs.daemon-pid", &buffer, buffer.count)
+        let pid: pid_t? = n > 0 ? pid_t(String(decoding: buffer[0..<n], as: UTF8.self)) : nil
+        guard pid != nil || isMounted(mountpoint) else {
+            writeError("ubiquityfs unmount: \(mountpoint) is not a ubiquityfs mount")
+            return ExitCode.failure
+        }
+        let status = runProgram("/bin/fusermount3", ["-u", mountpoint])
+        guard status == 0 else {
+            writeError("ubiquityfs unmount: fusermount3 -u \(mountpoint) failed (is a file still open there? 'fuser -m \(mountpoint)' tells)")
+            return ExitCode.failure
+        }
+        // The daemon publishes pending work after the kernel lets go; wait for it to finish.
+        if let pid {
+            for _ in 0..<600 {
+                if kill(pid, 0) != 0 && errno == ESRCH { return ExitCode.success }
+                usleep(100_000)
+            }
+            writeError("ubiquityfs unmount: unmounted, but daemon \(pid) is still publishing after 60 s")
+            return ExitCode.failure
+        }
+        return ExitCode.success
+    })
+
+func isMounted(_ path: String) -> Bool {
+    guard let mounts = try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8) else { return false }
+    return mounts.split(separator: "\n").contains { line in
+        let fields = line.split(separator: " ")
+        return fields.count > 2 && fields[1] == path && fields[2].hasPrefix("fuse")
+    }
+}
+
+func runProgram(_ path: String, _ args: [String]) -> Int32 {
+    var pid: pid_t = 0
+    let cargs = ([path] + args).map { strdup($0) } + [nil]
+    defer { cargs.forEach { free($0) } }
+    guard posix_spawn(&pid, path, nil, nil, cargs, environ) == 0 else { return 127 }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+}
+
+// MARK: - containers
+
+let containersCommand = Subcommand(
+    name: "containers",
+    summary: "list the containers the manifests declare, as registered in the store",
+    usage: "containers [--apps DIR] [--store DIR] [--apply-manifest-changes]",
+    options: [
+        ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
+        ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
+        ("--apply-manifest-changes", "show the settings as they would be with edits applied"),
+    ],
+    positionals: 0...0,
+    run: { p in
+        let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+        let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
+        var previous: [ContainerRecord] = []
+        let db = storeDir + "/metadata.sqlite3"
+        if FileManager.default.fileExists(atPath: db) {
+            // Read-only look at the registry; works while a daemon has the store mounted.
+            previous = try SQLiteMetadataStore(path: db).load().containers
+        }
+        let (result, diagnostics) = registrations(apps: apps, previous: previous,
+                                                  applyChanges: p.flags.contains("--apply-manifest-changes"))
+        var rows = [["ID", "NAME", "PUBLIC", "LEVELS", "VERSION", "STATE"]]
+        for r in result.registrations.sorted(by: { $0.identifier < $1.identifier }) {
+            rows.append([r.identifier, r.settings.name, r.settings.isPublic ? "yes" : "no",
+                         r.settings.folderLevels.rawValue, r.registeredVersion, r.active ? "active" : "inactive"])
+        }
+        let widths = (0..<6).map { c in rows.map { $0[c].count }.max() ?? 0 }
+        for row in rows {
+            writeOut(row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
+                .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
+        }
+        if !diagnostics.isEmpty {
+            writeOut("")
+            for d in diagnostics { writeOut(d.description) }
+        }
+        return ExitCode.success
+    })
+
+// MARK: - check
+
+let checkCommand = Subcommand(
+    name: "check",
+    summary: "validate the app manifests: one line per problem, exit 1 if any error",
+    usage: "check [--apps DIR]",
+    options: [("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)")],
+    positionals: 0...0,
+    run: { p in
+        let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
+        let (_, diagnostics) = registrations(apps: apps, previous: [], applyChanges: false)
+        for d in diagnostics { writeOut(d.description) }
+        let errors = diagnostics.filter { $0.severity == .error }.count
+        if errors > 0 { return ExitCode.failure }
+        if diagnostics.isEmpty { writeOut("\(apps): all manifests are valid") }
+        return ExitCode.success
+    })
+
+/// getxattr(2): <sys/xattr.h> is not part of Glibc's Swift module.
+@_silgen_name("getxattr")
+func c_getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int

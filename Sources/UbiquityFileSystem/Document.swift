@@ -1,0 +1,300 @@
+// Document: the one working copy of a regular file, shared by all its open handles.
+//
+// A published version is a list of chunk references (immutable blobs). While a file is open, a
+// Document holds the base version's chunk list and, lazily, a working copy (WorkFile) that holds
+// only the chunks changed since then ("dirty" chunks, copied in on first touch). Reads take each
+// chunk from the working copy if dirty, else from its blob, else zeros (holes, or past a blob's
+// end). So appending to a 1 GiB file copies one chunk, and reading costs a pread.
+//
+// Publishing writes each dirty chunk as a new blob and then commits one metadata transaction
+// (new version + node) through the filesystem: that commit is the publish point. Until then
+// readers of the store (and other machines, later) see the previous whole version.
+//
+// Locking: `lock` (readers-writer) guards everything below it. A Document's lock may be held while
+// taking the namespace lock (publish commits); never the other way round. `opens` is guarded by
+// the filesystem's `docsLock`; size, times and the change counters are also guarded by
+// `statLock` so that getattr (under the namespace lock) can read them: both are innermost locks,
+// held for no I/O. Those fields change only under `lock` held for writing *and* `statLock`.
+
+import Foundation
+import UbiquityStore
+
+final class Document: @unchecked Sendable {
+    let ino: InodeNumber
+    private let store: BackingStore
+    let lock = RWLock()
+
+    // Guarded by `lock`.
+    private(set) var baseVersion: VersionID?
+    private(set) var base: [ChunkRef]
+    private var work: (any WorkFile)?
+    private var dirty: Set<Int> = []
+
+    // Written under `lock` (write) and `statLock`; read under either.
+    private let statLock = Lock()
+    private(set) var size: UInt64
+    private var mtime: Int64
+    private var ctime: Int64
+    private var writeSeq: UInt64 = 0
+    private var publishedSeq: UInt64 = 0
+    /// Monotonic time of the last change, for idle publishing.
+    private var lastChange: UInt64 = 0
+
+    struct Stat {
+        var size: UInt64
+        var mtime: Int64
+        var ctime: Int64
+        var lastChange: UInt64
+        var unpublished: Bool
+    }
+
+    func stat() -> Stat {
+        statLock.withLock { Stat(size: size, mtime: mtime, ctime: ctime, lastChange: lastChange, unpublished: writeSeq != publishedSeq) }
+    }
+
+    /// Times set by setattr while the file is open (they win over the write that came before).
+    func setTimes(mtime: Int64? = nil, ctime: Int64? = nil) {
+        statLock.withLock {
+            if let mtime { self.mtime = mtime }
+            if let ctime { self.ctime = ctime }
+        }
+    }
+
+    // Guarded by the filesystem's docsLock.
+    var opens = 0
+
+    init(node: NodeRecord, chunks: [ChunkRef], store: BackingStore) {
+        ino = node.ino
+        self.store = store
+        baseVersion = node.currentVersion
+        base = chunks
+        size = node.size
+        mtime = node.mtime
+        ctime = node.ctime
+    }
+
+    /// A working copy left by a crashed daemon, being turned into a version.
+    init(recovered: RecoveredWork, base: [ChunkRef], baseVersion: VersionID?, mtime: Int64, store: BackingStore) {
+        ino = recovered.ino
+        self.store = store
+        self.baseVersion = baseVersion
+        self.base = base
+        size = recovered.size
+        self.mtime = mtime
+        ctime = mtime
+        work = recovered.file
+        dirty = Set(recovered.dirtyChunks)
+        writeSeq = 1
+    }
+
+    var hasUnpublishedChanges: Bool { stat().unpublished }
+
+    // MARK: reads and writes
+
+    func read(at offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        try lock.read {
+            guard offset < size, buffer.count > 0 else { return 0 }
+            let total = Int(min(UInt64(buffer.count), size - offset))
+            var done = 0
+            while done < total {
+                let position = Int(offset) + done
+                let index = position / chunkSize
+                let within = position % chunkSize
+                let n = min(total - done, chunkSize - within)
+                let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[done..<(done + n)])
+                try readPiece(index: index, within: within, into: piece)
+                done += n
+            }
+            return total
+        }
+    }
+
+    /// Caller holds `lock` (read or write).
+    private func readPiece(index: Int, within: Int, into piece: UnsafeMutableRawBufferPointer) throws {
+        var got = 0
+        if dirty.contains(index), let work {
+            while got < piece.count {
+                let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]),
+                                       at: index * chunkSize + within + got)
+                if n == 0 { break }
+                got += n
+            }
+        } else if index < base.count, !base[index].isHole, within < Int(base[index].length) {
+            let want = min(piece.count, Int(base[index].length) - within)
+            while got < want {
+                let n = try store.blobs.read(base[index].blob, at: within + got,
+                                             into: UnsafeMutableRawBufferPointer(rebasing: piece[got..<want]))
+                if n == 0 { break }
+                got += n
+            }
+        }
+        if got < piece.count {
+            UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0)
+        }
+    }
+
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
+        guard bytes.count > 0 else { return }
+        try lock.write {
+            let start = Int(offset)
+            let end = start + bytes.count
+            for index in (start / chunkSize)...((end - 1) / chunkSize) {
+                let covered = start <= index * chunkSize && end >= (index + 1) * chunkSize
+                try materialize(index, fullyOverwritten: covered)
+            }
+            try work!.pwrite(bytes, at: start)
+            touch(size: max(size, UInt64(end)))
+        }
+    }
+
+    func truncate(to newSize: UInt64) throws {
+        try lock.write {
+            if newSize < size {
+                let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
+                if newSize % UInt64(chunkSize) != 0 {
+                    // The chunk that now ends mid-way must not later show its old tail.
+                    try materialize(Int(newSize / UInt64(chunkSize)), fullyOverwritten: false)
+                }
+                dirty = dirty.filter { $0 < keep }
+                if base.count > keep { base.removeSubrange(keep...) }
+            }
+            try ensureWork()
+            try work!.truncate(to: Int(newSize))
+            touch(size: newSize)
+        }
+    }
+
+    /// Caller holds `lock` for writing.
+    private func touch(size newSize: UInt64) {
+        let now = nowNanoseconds()
+        let mono = monotonicNanoseconds()
+        statLock.withLock {
+            size = newSize
+            writeSeq &+= 1
+            mtime = now
+            ctime = now
+            lastChange = mono
+        }
+    }
+
+    /// Caller holds `lock` for writing.
+    private func ensureWork() throws {
+        guard work == nil else { return }
+        let file = try store.work.create(ino: ino)
+        do {
+            try file.setBase(baseVersion, size: size)
+            try file.truncate(to: Int(size))
+        } catch {
+            file.remove()
+            throw error
+        }
+        work = file
+    }
+
+    /// Bring chunk `index` into the working copy. Caller holds `lock` for writing.
+    private func materialize(_ index: Int, fullyOverwritten: Bool) throws {
+        if dirty.contains(index) { return }
+        try ensureWork()
+        if !fullyOverwritten, index < base.count, !base[index].isHole {
+            let ref = base[index]
+            let length = min(Int(ref.length), max(0, Int(size) - index * chunkSize))
+            if length > 0 {
+                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: length, alignment: 16)
+                defer { buffer.deallocate() }
+                var got = 0
+                while got < length {
+                    let n = try store.blobs.read(ref.blob, at: got, into: UnsafeMutableRawBufferPointer(rebasing: buffer[got...]))
+                    if n == 0 { throw StoreError(errno: EIO, "blob \(ref.blob) of inode \(ino) is shorter than recorded") }
+                    got += n
+                }
+                try work!.pwrite(UnsafeRawBufferPointer(buffer), at: index * chunkSize)
+            }
+        }
+        try work!.markDirty(index)
+        dirty.insert(index)
+    }
+
+    // MARK: publishing
+
+    /// The new chunk list with every dirty chunk written as a blob. Caller holds `lock` for writing.
+    private func writeChunks(durable: Bool) throws -> [ChunkRef] {
+        let count = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
+        var chunks = Array(base.prefix(count))
+        while chunks.count < count { chunks.append(.hole) }
+        guard !dirty.isEmpty, let work else { return chunks }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        for index in dirty.sorted() where index < count {
+            let length = min(chunkSize, Int(size) - index * chunkSize)
+            let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<length])
+            var got = 0
+            while got < length {
+                let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]), at: index * chunkSize + got)
+                if n == 0 { break }
+                got += n
+            }
+            if got < length {
+                UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0)
+            }
+            chunks[index] = isAllZero(UnsafeRawBufferPointer(piece))
+                ? .hole : try store.blobs.write(UnsafeRawBufferPointer(piece), durable: durable)
+        }
+        return chunks
+    }
+
+    /// Publish the working copy as a new version if it changed. `commit` records it (one
+    /// metadata transaction) and returns the version id, or nil if the file no longer exists
+    /// (then nothing is published). On failure nothing changes and the working copy is kept.
+    func publish(durable: Bool,
+                 commit: (_ chunks: [ChunkRef], _ size: UInt64, _ mtime: Int64, _ ctime: Int64, _ durable: Bool) throws -> VersionID?) throws {
+        try lock.write {
+            let st = stat()
+            guard st.unpublished else { return }
+            let chunks = try writeChunks(durable: durable)
+            if let id = try commit(chunks, st.size, st.mtime, st.ctime, durable) {
+                baseVersion = id
+            }
+            base = chunks
+            dirty = []
+            work?.remove()
+            work = nil
+            statLock.withLock { publishedSeq = writeSeq }
+        }
+    }
+
+    /// Forget the working copy without publishing (the file was deleted).
+    func discard() {
+        lock.write {
+            work?.remove()
+            work = nil
+            dirty = []
+            statLock.withLock { publishedSeq = writeSeq }
+        }
+    }
+
+    /// Make the working copy durable without publishing (unused now: fsync publishes).
+    func syncWork() throws {
+        try lock.read { try work?.sync() }
+    }
+}
+
+func isAllZero(_ bytes: UnsafeRawBufferPointer) -> Bool {
+    let words = bytes.count / 8
+    var i = 0
+    while i < words {
+        if bytes.loadUnaligned(fromByteOffset: i * 8, as: UInt64.self) != 0 { return false }
+        i += 1
+    }
+    var j = words * 8
+    while j < bytes.count {
+        if bytes[j] != 0 { return false }
+        j += 1
+    }
+    return true
+}
+
+func monotonicNanoseconds() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}

@@ -1,0 +1,52 @@
+import Foundation
+import UbiquityStore
+
+/// The one error type of the filesystem model: the errno the caller gets, and why, in words.
+/// Every failure of an operation is one of these; the FUSE bridge replies with `errno` and logs
+/// the operation, the node and the message.
+public struct FSError: Error, CustomStringConvertible, Sendable, Equatable {
+    public var errno: Int32
+    public var message: String
+    public init(_ errno: Int32, _ message: String) {
+        self.errno = errno
+        self.message = message
+    }
+    public init(_ error: StoreError) {
+        self.errno = error.errno
+        self.message = error.message
+    }
+    public var description: String { "\(message) (\(errnoName(errno)))" }
+
+    static func noEntry(_ what: String = "no such file or folder") -> FSError { FSError(ENOENT, what) }
+    static func notDir(_ what: String = "not a folder") -> FSError { FSError(ENOTDIR, what) }
+    static func readOnly(_ what: String) -> FSError { FSError(EACCES, what) }
+}
+
+/// Symbolic name of an errno, for logs ("ENOENT").
+public func errnoName(_ e: Int32) -> String {
+    switch e {
+    case EPERM: return "EPERM"
+    case ENOENT: return "ENOENT"
+    case EIO: return "EIO"
+    case EBADF: return "EBADF"
+    case EACCES: return "EACCES"
+    case EBUSY: return "EBUSY"
+    case EEXIST: return "EEXIST"
+    case EXDEV: return "EXDEV"
+    case ENOTDIR: return "ENOTDIR"
+    case EISDIR: return "EISDIR"
+    case EINVAL: return "EINVAL"
+    case EFBIG: return "EFBIG"
+    case ENOSPC: return "ENOSPC"
+    case EROFS: return "EROFS"
+    case EMLINK: return "EMLINK"
+    case ERANGE: return "ERANGE"
+    case ENAMETOOLONG: return "ENAMETOOLONG"
+    case ENOSYS: return "ENOSYS"
+    case ENOTEMPTY: return "ENOTEMPTY"
+    case ENODATA: return "ENODATA"
+    case EOPNOTSUPP: return "EOPNOTSUPP"
+    case E2BIG: return "E2BIG"
+    default: return "errno \(e)"
+    }
+}

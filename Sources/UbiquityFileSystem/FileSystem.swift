@@ -1,0 +1,928 @@
+// UbiquityFileSystem: the filesystem model. Operations take plain values and return plain values;
+// nothing here knows FUSE (the bridge in UbiquityFuse adapts it), so almost everything is tested
+// without a kernel.
+//
+// Node ids. Kernel node ids are the store's inode numbers, which are never reused; the mount root
+// is 1 and the drive view's per-container folders are virtual ids (`virtualBit | container root`).
+// All metadata lives in memory (`Namespace`), so `forget` has nothing to free and a node can
+// always be found by id while it exists.
+//
+// Consistency. Every namespace change runs under the namespace write lock: the operation reads
+// the namespace, stages its mutations, commits them to the metadata store in one transaction, and
+// only then applies them to memory. The commit is the linearization point; if it fails (full disk,
+// I/O error) memory is untouched and the caller gets the errno. Holding the lock across the commit
+// is deliberate: it keeps memory and store in the same order without a second queue. Lookups,
+// getattr and readdir take the lock shared and never do I/O under it.
+//
+// Lock order: Document.lock → ns (namespace) → docsLock. Never the reverse.
+
+import Foundation
+import UbiquityStore
+
+public final class UbiquityFileSystem: @unchecked Sendable {
+    public static let rootID: UInt64 = 1
+    static let virtualBit: UInt64 = 1 << 62
+
+    public let view: View
+    let store: BackingStore
+    let device: String
+    let mountTime = nowNanoseconds()
+    let ownerUID = getuid()
+    let ownerGID = getgid()
+    /// Publish files held open after this long without a change.
+    public var idlePublishNanoseconds: UInt64 = 2_000_000_000
+
+    private let ns = RWLock()
+    private var state: Namespace                      // guarded by ns
+    private var active: [String: ContainerInfo] = [:] // guarded by ns
+
+    private let docsLock = Lock()
+    private var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
+    private var handles: [UInt64: Handle] = [:]       // guarded by docsLock
+    private var nextHandle: UInt64 = 1                // guarded by docsLock
+
+    private enum Handle {
+        case file(Document, flags: Int32)
+        case directory([DirectoryEntry])
+    }
+
+    /// Messages for the daemon's log (recovery, registration changes, failed background publishes).
+    public var log: @Sendable (String) -> Void = { _ in }
+
+    /// Open the model over `store`, registering `containers` (creating the root and `Documents`
+    /// of new ones) and recovering working copies a crashed daemon left behind.
+    public init(store: BackingStore, containers: [ContainerInfo], view: View,
+                device: String = ProcessInfo.processInfo.hostName, snapshot: StoreSnapshot? = nil,
+                log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+        self.store = store
+        self.view = view
+        self.device = device
+        self.log = log
+        state = Namespace(snapshot: try snapshot ?? store.metadata.load())
+        try register(containers)
+        try removeOrphans()
+        try recoverWorkingCopies()
+    }
+
+    // MARK: - registration and recovery
+
+    private func register(_ containers: [ContainerInfo]) throws {
+        try mutate { s in
+            for c in containers {
+                var rootIno: InodeNumber
+                if let existing = s.base.containers[c.identifier], s.node(existing.rootIno) != nil {
+                    rootIno = existing.rootIno
+                } else {
+                    rootIno = s.newIno()
+                    s.put(newNode(ino: rootIno, container: c.identifier, kind: .directory, mode: 0o755,
+                                  caller: Caller(uid: ownerUID, gid: ownerGID)))
+                }
+                if s.base.children[rootIno]?[documentsName] == nil {
+                    let docs = s.newIno()
+                    s.put(newNode(ino: docs, container: c.identifier, kind: .directory, mode: 0o755,
+                                  caller: Caller(uid: ownerUID, gid: ownerGID)))
+                    s.add(.putDirent(DirentRecord(parent: rootIno, name: documentsName, child: docs)))
+                    var root = s.node(rootIno)!
+                    root.nlink += 1
+                    s.put(root)
+                }
+                let record = ContainerRecord(identifier: c.identifier, bundleIdentifier: c.bundleIdentifier,
+                                             name: c.name, isPublic: c.isPublic, folderLevels: c.folderLevels,
+                                             registeredVersion: c.registeredVersion, manifestPath: c.manifestPath,
+                                             rootIno: rootIno)
+                if s.base.containers[c.identifier] != record { s.add(.putContainer(record)) }
+            }
+        }
+        ns.write {
+            for c in containers where c.active { active[c.identifier] = c }
+        }
+    }
+
+    /// Files unlinked while open when the previous daemon stopped.
+    private func removeOrphans() throws {
+        try mutate { s in
+            for (ino, n) in s.base.nodes where n.nlink == 0 { s.add(.deleteNode(ino)) }
+        }
+    }
+
+    private func recoverWorkingCopies() throws {
+        for leftover in try store.work.leftovers() {
+            let node = ns.read { state.nodes[leftover.ino] }
+            guard let node, node.nlink > 0, node.kind == .regular else {
+                leftover.file.remove()
+                continue
+            }
+            var baseChunks: [ChunkRef] = []
+            if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
+            let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
+                               mtime: node.mtime, store: store)
+            try doc.publish(durable: false) { chunks, size, _, _, _ in
+                try self.mutate { s in
+                    let id = s.newVersion()
+                    s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
+                                                    chunks: chunks, origin: .recovered, device: self.device)))
+                    return id
+                }
+            }
+            log("recovered the unpublished working copy of inode \(node.ino) as a version (the current version is unchanged)")
+        }
+    }
+
+    // MARK: - locking helpers
+
+    /// Run `body` under the namespace write lock; commit what it staged; apply it to memory.
+    @discardableResult
+    private func mutate<T>(durable: Bool = false, _ body: (inout Staging) throws -> T) throws -> T {
+        try ns.write {
+            var staging = Staging(state)
+            let result = try body(&staging)
+            if !staging.mutations.isEmpty {
+                try store.metadata.commit(staging.mutations, durable: durable)
+                state.apply(staging.mutations)
+            }
+            return result
+        }
+    }
+
+    private func newNode(ino: InodeNumber, container: String, kind: NodeKind, mode: UInt32,
+                         caller: Caller, rdev: UInt64 = 0, target: [UInt8] = []) -> NodeRecord {
+        let now = nowNanoseconds()
+        return NodeRecord(ino: ino, container: container, kind: kind, mode: mode & 0o7777, uid: caller.uid,
+                          gid: caller.gid, nlink: kind == .directory ? 2 : 1, size: kind == .symlink ? UInt64(target.count) : 0,
+                          atime: now, mtime: now, ctime: now, btime: now, rdev: rdev, target: target)
+    }
+
+    // MARK: - view resolution (callers hold ns)
+
+    private enum Target {
+        case root
+        case containerFolder(ContainerRecord)
+        case node(NodeRecord)
+    }
+
+    private func target(_ ino: UInt64) throws -> Target {
+        if ino == Self.rootID { return .root }
+        if ino & Self.virtualBit != 0 {
+            let rootIno = ino & ~Self.virtualBit
+            guard case .drive = view, let c = state.containers.values.first(where: { $0.rootIno == rootIno }),
+                  isShown(c) else { throw FSError.noEntry("no such container folder") }
+            return .containerFolder(c)
+        }
+        guard let n = state.nodes[ino], let c = state.containers[n.container], isShown(c) else {
+            throw FSError.noEntry("no node \(ino)")
+        }
+        return .node(n)
+    }
+
+    private func isShown(_ c: ContainerRecord) -> Bool {
+        guard active[c.identifier] != nil else { return false }
+        switch view {
+        case .drive: return c.isPublic
+        case .app(let bundle): return c.bundleIdentifier == bundle
+        }
+    }
+
+    private func shownContainers() -> [ContainerRecord] {
+        state.containers.values.filter(isShown).sorted { $0.identifier < $1.identifier }
+    }
+
+    private func containerFolderName(_ c: ContainerRecord) -> [UInt8] {
+        switch view {
+        case .drive: return Array(c.name.utf8)
+        case .app: return Array(c.identifier.utf8)
+        }
+    }
+
+    private func documentsIno(_ c: ContainerRecord) -> InodeNumber? { state.children[c.rootIno]?[documentsName] }
+
+    /// Folder depth below Documents (Documents = 0), or nil if `dir` is not inside Documents.
+    private func depth(of dir: InodeNumber, in c: ContainerRecord, _ ns: Namespace? = nil) -> Int? {
+        let space = ns ?? state
+        guard let docs = space.children[c.rootIno]?[documentsName] else { return nil }
+        var d = 0
+        var cur = dir
+        while cur != docs {
+            guard let p = space.parent[cur] else { return nil }
+            cur = p
+            d += 1
+        }
+        return d
+    }
+
+    /// Levels of folders below `dir` (0 if it holds no folder).
+    private func height(of dir: InodeNumber) -> Int {
+        var best = 0
+        for child in state.children[dir]?.values ?? [:].values where state.nodes[child]?.kind == .directory {
+            best = max(best, 1 + height(of: child))
+        }
+        return best
+    }
+
+    /// In the drive view, folders deeper than the container's level limit are not shown.
+    private func visible(_ n: NodeRecord) -> Bool {
+        guard case .drive = view, n.kind == .directory, let c = state.containers[n.container],
+              let limit = active[c.identifier]?.maxDepth else { return true }
+        guard let d = depth(of: n.ino, in: c) else { return false }
+        return d <= limit
+    }
+
+    /// The kernel id of a real node as this view shows it.
+    private func kernelID(_ n: NodeRecord) -> UInt64 { n.ino }
+
+    /// A folder in which entries may be changed, or the error to refuse with.
+    private func writableDirectory(_ ino: UInt64) throws -> NodeRecord {
+        switch try target(ino) {
+        case .root: throw FSError.readOnly("the mount root is read-only")
+        case .containerFolder: throw FSError.readOnly("a container folder holds only Documents and is read-only")
+        case .node(let n):
+            guard n.kind == .directory else { throw FSError.notDir() }
+            return n
+        }
+    }
+
+    private func check(name: [UInt8]) throws {
+        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
+        if name.isEmpty || name == [0x2e] || name == [0x2e, 0x2e] || name.contains(0x2f) || name.contains(0) {
+            throw FSError(EINVAL, "invalid name")
+        }
+    }
+
+    // MARK: - attributes
+
+    private func virtualAttributes(ino: UInt64, entries: Int) -> Attributes {
+        Attributes(ino: ino, mode: UInt32(S_IFDIR) | 0o555, nlink: UInt32(2 + entries), uid: ownerUID, gid: ownerGID,
+                   size: 4096, blocks: 8, atime: mountTime, mtime: mountTime, ctime: mountTime, rdev: 0)
+    }
+
+    /// Attributes of a real node; `doc` (looked up under ns) overrides size and times while open.
+    private func attributes(_ n: NodeRecord, doc: Document?) -> Attributes {
+        var size = n.size
+        var mtime = n.mtime
+        var ctime = n.ctime
+        var allocated: UInt64
+        if let doc {
+            let st = doc.stat()
+            size = st.size
+            mtime = max(st.mtime, n.mtime)
+            ctime = max(st.ctime, n.ctime)
+            allocated = size
+        } else {
+            allocated = (state.chunks[n.ino] ?? []).reduce(0) { $0 + UInt64($1.length) }
+        }
+        switch n.kind {
+        case .directory: size = 4096; allocated = 4096
+        case .symlink: size = UInt64(n.target.count); allocated = 0
+        case .regular: break
+        default: size = 0; allocated = 0
+        }
+        return Attributes(ino: kernelID(n), mode: n.kind.typeBits | n.mode, nlink: n.nlink, uid: n.uid, gid: n.gid,
+                          size: size, blocks: (allocated + 511) / 512, atime: n.atime, mtime: mtime, ctime: ctime,
+                          rdev: n.rdev)
+    }
+
+    private func attributesOfTarget(_ t: Target, ino: UInt64) -> Attributes {
+        switch t {
+        case .root: return virtualAttributes(ino: ino, entries: shownContainers().count)
+        case .containerFolder: return virtualAttributes(ino: ino, entries: 1)
+        case .node(let n): return attributes(n, doc: docsLock.withLock { docs[n.ino] })
+        }
+    }
+
+    public func getattr(_ ino: UInt64) throws -> Attributes {
+        try ns.read { attributesOfTarget(try target(ino), ino: ino) }
+    }
+
+    // MARK: - lookup and listing
+
+    public func lookup(parent: UInt64, name: [UInt8]) throws -> Attributes {
+        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
+        return try ns.read {
+            let t = try target(parent)
+            if name == [0x2e] { return attributesOfTarget(t, ino: parent) }
+            if name == [0x2e, 0x2e] { return try parentAttributes(t) }
+            switch t {
+            case .root:
+                guard let c = shownContainers().first(where: { containerFolderName($0) == name }) else {
+                    throw FSError.noEntry()
+                }
+                if case .drive = view {
+                    let id = Self.virtualBit | c.rootIno
+                    return virtualAttributes(ino: id, entries: 1)
+                }
+                guard let n = state.nodes[c.rootIno] else { throw FSError.noEntry() }
+                return attributes(n, doc: nil)
+            case .containerFolder(let c):
+                guard name == documentsName, let d = documentsIno(c), let n = state.nodes[d] else { throw FSError.noEntry() }
+                return attributes(n, doc: nil)
+            case .node(let dir):
+                guard dir.kind == .directory else { throw FSError.notDir() }
+                guard let child = state.children[dir.ino]?[name], let n = state.nodes[child], visible(n) else {
+                    throw FSError.noEntry()
+                }
+                return attributes(n, doc: docsLock.withLock { docs[n.ino] })
+            }
+        }
+    }
+
+    private func parentAttributes(_ t: Target) throws -> Attributes {
+        switch t {
+        case .root: return virtualAttributes(ino: Self.rootID, entries: shownContainers().count)
+        case .containerFolder: return virtualAttributes(ino: Self.rootID, entries: shownContainers().count)
+        case .node(let n):
+            guard let c = state.containers[n.container] else { throw FSError.noEntry() }
+            if n.ino == c.rootIno { return virtualAttributes(ino: Self.rootID, entries: shownContainers().count) }
+            guard let p = state.parent[n.ino], let pn = state.nodes[p] else { throw FSError.noEntry() }
+            if case .drive = view, p == c.rootIno { return virtualAttributes(ino: Self.virtualBit | c.rootIno, entries: 1) }
+            return attributes(pn, doc: nil)
+        }
+    }
+
+    /// Snapshot a folder's entries (".", ".." included) for a directory handle, so that listing
+    /// offsets stay stable while the folder changes.
+    public func opendir(_ ino: UInt64) throws -> UInt64 {
+        let entries: [DirectoryEntry] = try ns.read {
+            let t = try target(ino)
+            var list: [(name: [UInt8], ino: UInt64, kind: NodeKind)] = [([0x2e], ino, .directory)]
+            switch t {
+            case .root:
+                list.append(([0x2e, 0x2e], ino, .directory))
+                for c in shownContainers() {
+                    if case .drive = view { list.append((containerFolderName(c), Self.virtualBit | c.rootIno, .directory)) }
+                    else { list.append((containerFolderName(c), c.rootIno, .directory)) }
+                }
+            case .containerFolder(let c):
+                list.append(([0x2e, 0x2e], Self.rootID, .directory))
+                if let d = documentsIno(c) { list.append((documentsName, d, .directory)) }
+            case .node(let dir):
+                guard dir.kind == .directory else { throw FSError.notDir() }
+                list.append(([0x2e, 0x2e], (try? parentAttributes(t).ino) ?? Self.rootID, .directory))
+                for (name, child) in (state.children[dir.ino] ?? [:]).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+                    guard let n = state.nodes[child], visible(n) else { continue }
+                    list.append((name, child, n.kind))
+                }
+            }
+            return list.enumerated().map { DirectoryEntry(name: $1.name, ino: $1.ino, kind: $1.kind, nextOffset: $0 + 1) }
+        }
+        return docsLock.withLock {
+            let h = nextHandle
+            nextHandle += 1
+            handles[h] = .directory(entries)
+            return h
+        }
+    }
+
+    /// Entries from `offset` on (0 = the start).
+    public func readdir(handle: UInt64, offset: Int) throws -> [DirectoryEntry] {
+        let entries: [DirectoryEntry] = try docsLock.withLock {
+            guard case .directory(let e) = handles[handle] else { throw FSError(EBADF, "not a directory handle") }
+            return e
+        }
+        guard offset < entries.count else { return [] }
+        return Array(entries[max(0, offset)...])
+    }
+
+    public func releasedir(handle: UInt64) {
+        docsLock.withLock { _ = handles.removeValue(forKey: handle) }
+    }
+
+    // MARK: - creating
+
+    public func mkdir(parent: UInt64, name: [UInt8], mode: UInt32, caller: Caller) throws -> Attributes {
+        try check(name: name)
+        return try mutate { s in
+            let dir = try writableDirectory(parent)
+            if state.children[dir.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
+            if case .drive = view, let c = state.containers[dir.container], let limit = active[c.identifier]?.maxDepth {
+                guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
+                if d + 1 > limit {
+                    throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s) in Documents")
+                }
+            }
+            var p = dir
+            var mode = mode & 0o7777
+            var owner = caller
+            if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid; mode |= UInt32(S_ISGID) }
+            let ino = s.newIno()
+            let n = newNode(ino: ino, container: p.container, kind: .directory, mode: mode, caller: owner)
+            s.put(n)
+            s.add(.putDirent(DirentRecord(parent: p.ino, name: name, child: ino)))
+            p.nlink += 1
+            p.mtime = n.ctime
+            p.ctime = n.ctime
+            s.put(p)
+            return attributes(n, doc: nil)
+        }
+    }
+
+    /// mknod for regular files, FIFOs, sockets and devices (devices and FIFOs are metadata only).
+    public func mknod(parent: UInt64, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws -> Attributes {
+        let kind = NodeKind(mode: mode)
+        if kind == .directory { return try self.mkdir(parent: parent, name: name, mode: mode, caller: caller) }
+        if kind == .symlink { throw FSError(EINVAL, "mknod cannot make a symlink") }
+        return try createNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller, rdev: rdev, target: [])
+    }
+
+    public func symlink(parent: UInt64, name: [UInt8], target: [UInt8], caller: Caller) throws -> Attributes {
+        if target.count >= Int(PATH_MAX) { throw FSError(ENAMETOOLONG, "symlink target too long") }
+        return try createNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, rdev: 0, target: target)
+    }
+
+    private func createNode(parent: UInt64, name: [UInt8], kind: NodeKind, mode: UInt32, caller: Caller,
+                            rdev: UInt64, target: [UInt8]) throws -> Attributes {
+        try check(name: name)
+        return try mutate { s in
+            var p = try writableDirectory(parent)
+            if state.children[p.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
+            var owner = caller
+            if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid }
+            let ino = s.newIno()
+            let n = newNode(ino: ino, container: p.container, kind: kind, mode: mode, caller: owner,
+                            rdev: kind == .characterDevice || kind == .blockDevice ? rdev : 0, target: target)
+            s.put(n)
+            s.add(.putDirent(DirentRecord(parent: p.ino, name: name, child: ino)))
+            p.mtime = n.ctime
+            p.ctime = n.ctime
+            s.put(p)
+            return attributes(n, doc: nil)
+        }
+    }
+
+    /// Create and open a regular file. Returns its attributes and a file handle.
+    public func create(parent: UInt64, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws -> (Attributes, UInt64) {
+        let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [])
+        let handle = try open(attrs.ino, flags: flags & ~O_TRUNC)
+        return (attrs, handle)
+    }
+
+    public func readlink(_ ino: UInt64) throws -> [UInt8] {
+        try ns.read {
+            guard case .node(let n) = try target(ino), n.kind == .symlink else { throw FSError(EINVAL, "not a symlink") }
+            return n.target
+        }
+    }
+
+    public func link(_ ino: UInt64, newParent: UInt64, newName: [UInt8]) throws -> Attributes {
+        try check(name: newName)
+        return try mutate { s in
+            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "cannot link a container folder") }
+            if n.kind == .directory { throw FSError(EPERM, "cannot hard-link a folder") }
+            var p = try writableDirectory(newParent)
+            if p.container != n.container { throw FSError(EXDEV, "hard links cannot cross containers") }
+            if state.children[p.ino]?[newName] != nil { throw FSError(EEXIST, "already exists") }
+            if n.nlink == 0 { throw FSError(ENOENT, "file was deleted") }
+            if n.nlink >= 65000 { throw FSError(EMLINK, "too many links") }
+            let now = nowNanoseconds()
+            n.nlink += 1
+            n.ctime = now
+            s.put(n)
+            s.add(.putDirent(DirentRecord(parent: p.ino, name: newName, child: n.ino)))
+            p.mtime = now
+            p.ctime = now
+            s.put(p)
+            return attributes(n, doc: docsLock.withLock { docs[n.ino] })
+        }
+    }
+
+    // MARK: - removing
+
+    public func unlink(parent: UInt64, name: [UInt8]) throws {
+        try remove(parent: parent, name: name, directory: false)
+    }
+
+    public func rmdir(parent: UInt64, name: [UInt8]) throws {
+        try remove(parent: parent, name: name, directory: true)
+    }
+
+    private func remove(parent: UInt64, name: [UInt8], directory: Bool) throws {
+        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name too long") }
+        if directory && name == [0x2e] { throw FSError(EINVAL, "cannot remove .") }
+        if directory && name == [0x2e, 0x2e] { throw FSError(ENOTEMPTY, "cannot remove ..") }
+        try mutate { s in
+            var p = try writableDirectory(parent)
+            guard let child = state.children[p.ino]?[name], var n = state.nodes[child], visible(n) else {
+                throw FSError.noEntry()
+            }
+            try protectDocuments(parent: p, name: name)
+            let now = nowNanoseconds()
+            if directory {
+                guard n.kind == .directory else { throw FSError.notDir() }
+                if !(state.children[n.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "folder is not empty") }
+                s.add(.deleteDirent(parent: p.ino, name: name))
+                s.add(.deleteNode(n.ino))
+                p.nlink -= 1
+            } else {
+                if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
+                s.add(.deleteDirent(parent: p.ino, name: name))
+                dropLink(&s, &n, now: now)
+            }
+            p.mtime = now
+            p.ctime = now
+            s.put(p)
+        }
+    }
+
+    /// One name of `n` is gone: lower its link count; delete it when none is left and it is not open.
+    private func dropLink(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
+        n.nlink -= 1
+        n.ctime = now
+        let open = docsLock.withLock { (docs[n.ino]?.opens ?? 0) > 0 }
+        if n.nlink == 0 && !open {
+            s.add(.deleteNode(n.ino))
+        } else {
+            s.put(n)
+        }
+    }
+
+    private func protectDocuments(parent: NodeRecord, name: [UInt8]) throws {
+        if name == documentsName, let c = state.containers[parent.container], c.rootIno == parent.ino {
+            throw FSError(EPERM, "a container's Documents folder cannot be removed or renamed")
+        }
+    }
+
+    // MARK: - rename
+
+    public func rename(parent: UInt64, name: [UInt8], newParent: UInt64, newName: [UInt8], flags: RenameFlags) throws {
+        try check(name: newName)
+        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name too long") }
+        if flags.contains(.noReplace) && flags.contains(.exchange) { throw FSError(EINVAL, "RENAME_NOREPLACE with RENAME_EXCHANGE") }
+        if flags.rawValue & ~3 != 0 { throw FSError(EINVAL, "unsupported rename flags") }
+        try mutate { s in
+            let from = try writableDirectory(parent)
+            let to = try writableDirectory(newParent)
+            guard let srcIno = state.children[from.ino]?[name], var src = state.nodes[srcIno], visible(src) else {
+                throw FSError.noEntry()
+            }
+            if from.container != to.container { throw FSError(EXDEV, "cannot move between containers") }
+            try protectDocuments(parent: from, name: name)
+            let dstIno = state.children[to.ino]?[newName]
+            var dst = dstIno.flatMap { state.nodes[$0] }
+            if let d = dst, !visible(d) { throw FSError(EEXIST, "a folder the app made, hidden at this level, has that name") }
+            if dst != nil { try protectDocuments(parent: to, name: newName) }
+            if dstIno == srcIno { return }   // two names of one file: POSIX says do nothing
+            if flags.contains(.noReplace), dst != nil { throw FSError(EEXIST, "already exists") }
+            if flags.contains(.exchange), dst == nil { throw FSError.noEntry("nothing to exchange with") }
+            // A folder cannot move into itself.
+            if src.kind == .directory, isAncestor(src.ino, of: to.ino) { throw FSError(EINVAL, "cannot move a folder into itself") }
+            if flags.contains(.exchange), let d = dst, d.kind == .directory, isAncestor(d.ino, of: from.ino) {
+                throw FSError(EINVAL, "cannot move a folder into itself")
+            }
+            try checkLevels(moving: src, into: to)
+            if flags.contains(.exchange), let d = dst { try checkLevels(moving: d, into: from) }
+
+            let now = nowNanoseconds()
+            var parents: [InodeNumber: NodeRecord] = [from.ino: from, to.ino: to]
+            if flags.contains(.exchange), var d = dst {
+                s.add(.putDirent(DirentRecord(parent: from.ino, name: name, child: d.ino)))
+                s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
+                if from.ino != to.ino {
+                    if src.kind == .directory { parents[from.ino]!.nlink -= 1; parents[to.ino]!.nlink += 1 }
+                    if d.kind == .directory { parents[to.ino]!.nlink -= 1; parents[from.ino]!.nlink += 1 }
+                }
+                d.ctime = now
+                s.put(d)
+            } else {
+                if var d = dst {
+                    if src.kind == .directory {
+                        guard d.kind == .directory else { throw FSError.notDir("cannot replace a file with a folder") }
+                        if !(state.children[d.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "target folder is not empty") }
+                        s.add(.deleteDirent(parent: to.ino, name: newName))
+                        s.add(.deleteNode(d.ino))
+                        parents[to.ino]!.nlink -= 1
+                    } else {
+                        if d.kind == .directory { throw FSError(EISDIR, "cannot replace a folder with a file") }
+                        s.add(.deleteDirent(parent: to.ino, name: newName))
+                        dropLink(&s, &d, now: now)
+                    }
+                    dst = d
+                }
+                s.add(.deleteDirent(parent: from.ino, name: name))
+                s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
+                if src.kind == .directory && from.ino != to.ino {
+                    parents[from.ino]!.nlink -= 1
+                    parents[to.ino]!.nlink += 1
+                }
+            }
+            src.ctime = now
+            s.put(src)
+            for var p in parents.values {
+                p.mtime = now
+                p.ctime = now
+                s.put(p)
+            }
+        }
+    }
+
+    private func isAncestor(_ a: InodeNumber, of b: InodeNumber) -> Bool {
+        var cur: InodeNumber? = b
+        while let c = cur {
+            if c == a { return true }
+            cur = state.parent[c]
+        }
+        return false
+    }
+
+    /// Drive view: moving a folder tree must not put any of it past the container's level limit.
+    private func checkLevels(moving n: NodeRecord, into dir: NodeRecord) throws {
+        guard case .drive = view, n.kind == .directory, let c = state.containers[dir.container],
+              let limit = active[c.identifier]?.maxDepth else { return }
+        guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
+        if d + 1 + height(of: n.ino) > limit {
+            throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s) in Documents")
+        }
+    }
+
+    // MARK: - setattr
+
+    public func setattr(_ ino: UInt64, _ changes: AttributeChanges, handle: UInt64?, caller: Caller) throws -> Attributes {
+        if let size = changes.size {
+            let doc = try document(for: ino, handle: handle)
+            defer { closeTemporary(doc, handle: handle) }
+            try ns.read {
+                guard case .node(let n) = try target(ino) else { throw FSError.readOnly("read-only") }
+                if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
+                if n.kind != .regular { throw FSError(EINVAL, "not a regular file") }
+            }
+            if size > UInt64(Int64.max) { throw FSError(EFBIG, "too large") }
+            try doc.truncate(to: size)
+        }
+        return try mutate { s in
+            guard case .node(var n) = try target(ino) else { throw FSError.readOnly("container folders are read-only") }
+            let now = nowNanoseconds()
+            var changed = false
+            if let mode = changes.mode { n.mode = mode & 0o7777; changed = true }
+            if changes.uid != nil || changes.gid != nil {
+                if let uid = changes.uid { n.uid = uid }
+                if let gid = changes.gid { n.gid = gid }
+                // As the kernel does: a change of owner drops set-user-ID, and set-group-ID with group-exec.
+                if changes.mode == nil && n.kind != .directory {
+                    n.mode &= ~UInt32(S_ISUID)
+                    if n.mode & 0o010 != 0 { n.mode &= ~UInt32(S_ISGID) }
+                }
+                changed = true
+            }
+            let doc = docsLock.withLock { docs[n.ino] }
+            if let a = changes.atime {
+                n.atime = { if case .at(let t) = a { return t } else { return now } }()
+                changed = true
+            }
+            if let m = changes.mtime {
+                let t: Int64 = { if case .at(let t) = m { return t } else { return now } }()
+                n.mtime = t
+                doc?.setTimes(mtime: t)
+                changed = true
+            }
+            if changes.size != nil { changed = true }
+            if changed {
+                n.ctime = now
+                doc?.setTimes(ctime: now)
+                s.put(n)
+            }
+            return attributes(n, doc: doc)
+        }
+    }
+
+    // MARK: - files
+
+    /// Open (or share) the document of `ino`; counts as one open until `release`.
+    public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
+        let doc = try acquireDocument(ino)
+        if flags & O_TRUNC != 0 && (flags & O_ACCMODE) != O_RDONLY {
+            do { try doc.truncate(to: 0) } catch {
+                try? releaseDocument(doc)
+                throw error
+            }
+        }
+        return docsLock.withLock {
+            let h = nextHandle
+            nextHandle += 1
+            handles[h] = .file(doc, flags: flags)
+            return h
+        }
+    }
+
+    private func acquireDocument(_ ino: UInt64) throws -> Document {
+        try ns.read {
+            guard case .node(let n) = try target(ino) else { throw FSError(EISDIR, "is a folder") }
+            switch n.kind {
+            case .regular: break
+            case .directory: throw FSError(EISDIR, "is a folder")
+            default: throw FSError(ENXIO, "not a regular file")
+            }
+            return docsLock.withLock {
+                let doc = docs[n.ino] ?? Document(node: n, chunks: state.chunks[n.ino] ?? [], store: store)
+                docs[n.ino] = doc
+                doc.opens += 1
+                return doc
+            }
+        }
+    }
+
+    private func document(for ino: UInt64, handle: UInt64?) throws -> Document {
+        if let handle, case .file(let doc, _) = docsLock.withLock({ handles[handle] }) { return doc }
+        return try acquireDocument(ino)
+    }
+
+    private func closeTemporary(_ doc: Document, handle: UInt64?) {
+        if let handle, case .file = docsLock.withLock({ handles[handle] }) { return }
+        do { try releaseDocument(doc) } catch { log("publish of inode \(doc.ino) failed: \(error)") }
+    }
+
+    private func fileDocument(_ handle: UInt64) throws -> (Document, Int32) {
+        guard case .file(let doc, let flags) = docsLock.withLock({ handles[handle] }) else {
+            throw FSError(EBADF, "not a file handle")
+        }
+        return (doc, flags)
+    }
+
+    public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        try fileDocument(handle).0.read(at: offset, into: buffer)
+    }
+
+    public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
+        let (doc, flags) = try fileDocument(handle)
+        if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
+        if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
+        try doc.write(bytes, at: offset)
+        return bytes.count
+    }
+
+    /// Called on each close(2) of a descriptor. Nothing to do: all handles share one working copy.
+    public func flush(handle: UInt64) throws {
+        _ = try fileDocument(handle)
+    }
+
+    /// fsync: publish the working copy durably, so the data survives a crash as the current version.
+    public func fsync(handle: UInt64, dataOnly: Bool) throws {
+        let (doc, _) = try fileDocument(handle)
+        if doc.hasUnpublishedChanges {
+            try publish(doc, durable: true)
+        } else {
+            try store.blobs.syncAll()
+            try store.metadata.commit([], durable: true)
+        }
+    }
+
+    public func release(handle: UInt64) throws {
+        guard case .file(let doc, _) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
+            throw FSError(EBADF, "not a file handle")
+        }
+        try releaseDocument(doc)
+    }
+
+    /// One open of `doc` ended. On the last one, publish it (or, if the file was deleted, drop it).
+    private func releaseDocument(_ doc: Document) throws {
+        let last = docsLock.withLock { () -> Bool in
+            doc.opens -= 1
+            return doc.opens == 0
+        }
+        guard last else { return }
+        var failure: Error?
+        do { try publish(doc, durable: false) } catch { failure = error }
+        let deleted = ns.read { (state.nodes[doc.ino]?.nlink ?? 0) == 0 }
+        if deleted { doc.discard() }
+        docsLock.withLock {
+            if doc.opens == 0 && (deleted || !doc.hasUnpublishedChanges) && docs[doc.ino] === doc {
+                docs[doc.ino] = nil
+            }
+        }
+        if deleted {
+            try mutate { s in
+                if let n = s.node(doc.ino), n.nlink == 0, docsLock.withLock({ docs[doc.ino] == nil }) {
+                    s.add(.deleteNode(n.ino))
+                }
+            }
+        }
+        if let failure {
+            log("publish of inode \(doc.ino) failed, its working copy is kept: \(failure)")
+            throw failure
+        }
+    }
+
+    private func publish(_ doc: Document, durable: Bool) throws {
+        try doc.publish(durable: durable) { chunks, size, mtime, ctime, durable in
+            try self.mutate(durable: durable) { s in
+                guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
+                let id = s.newVersion()
+                s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                                chunks: chunks, origin: .published, device: self.device)))
+                n.size = size
+                n.mtime = max(n.mtime, mtime)
+                n.ctime = max(n.ctime, ctime)
+                n.currentVersion = id
+                s.put(n)
+                return id
+            }
+        }
+    }
+
+    /// Publish files held open that have not changed for the idle time. The daemon calls this
+    /// periodically.
+    public func publishIdle() {
+        let now = monotonicNanoseconds()
+        for doc in docsLock.withLock({ Array(docs.values) })
+        where doc.hasUnpublishedChanges && now &- doc.stat().lastChange >= idlePublishNanoseconds {
+            do { try publish(doc, durable: false) } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
+        }
+    }
+
+    /// Publish every working copy with changes (unmount, SIGTERM). Returns the failures.
+    @discardableResult
+    public func publishAll() -> [FSError] {
+        var failures: [FSError] = []
+        for doc in docsLock.withLock({ Array(docs.values) }) where doc.hasUnpublishedChanges {
+            do { try publish(doc, durable: false) } catch {
+                failures.append(error as? FSError ?? FSError(EIO, "\(error)"))
+                log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
+            }
+        }
+        do {
+            try store.blobs.syncAll()
+            try store.metadata.commit([], durable: true)
+        } catch { failures.append(FSError(EIO, "final sync failed: \(error)")) }
+        return failures
+    }
+
+    // MARK: - extended attributes (user.* only)
+
+    private static let userPrefix = Array("user.".utf8)
+    static let pidAttribute = Array("user.ubiquityfs.daemon-pid".utf8)
+
+    public func setxattr(_ ino: UInt64, name: [UInt8], value: [UInt8], flags: Int32) throws {
+        guard name.starts(with: Self.userPrefix), name.count > Self.userPrefix.count else {
+            throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported")
+        }
+        if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
+        if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
+        try mutate { s in
+            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "container folders have no attributes") }
+            let exists = state.xattrs[n.ino]?[name] != nil
+            if flags & xattrCreate != 0 && exists { throw FSError(EEXIST, "attribute exists") }
+            if flags & xattrReplace != 0 && !exists { throw FSError(ENODATA, "no such attribute") }
+            s.add(.putXattr(XattrRecord(ino: n.ino, name: name, value: value)))
+            n.ctime = nowNanoseconds()
+            s.put(n)
+        }
+    }
+
+    public func getxattr(_ ino: UInt64, name: [UInt8]) throws -> [UInt8] {
+        if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
+        return try ns.read {
+            guard case .node(let n) = try target(ino), let v = state.xattrs[n.ino]?[name] else {
+                throw FSError(ENODATA, "no such attribute")
+            }
+            return v
+        }
+    }
+
+    public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
+        try ns.read {
+            guard case .node(let n) = try target(ino) else { return [] }
+            return (state.xattrs[n.ino] ?? [:]).keys.sorted { $0.lexicographicallyPrecedes($1) }
+        }
+    }
+
+    public func removexattr(_ ino: UInt64, name: [UInt8]) throws {
+        try mutate { s in
+            guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
+            guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported") }
+            guard state.xattrs[n.ino]?[name] != nil else { throw FSError(ENODATA, "no such attribute") }
+            s.add(.deleteXattr(ino: n.ino, name: name))
+            n.ctime = nowNanoseconds()
+            s.put(n)
+        }
+    }
+
+    // MARK: - misc
+
+    /// access(2) by mode bits (with `default_permissions` the kernel checks first; this serves
+    /// `access` calls and model tests).
+    public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
+        let a = try getattr(ino)
+        if mask == F_OK { return }
+        if mask & W_OK != 0, ino == Self.rootID || ino & Self.virtualBit != 0 {
+            throw FSError(EACCES, "read-only folder")
+        }
+        if caller.uid == 0 {
+            if mask & X_OK != 0, a.kind != .directory, a.mode & 0o111 == 0 { throw FSError(EACCES, "not executable") }
+            return
+        }
+        let bits: UInt32 = caller.uid == a.uid ? (a.mode >> 6) & 7 : caller.gid == a.gid ? (a.mode >> 3) & 7 : a.mode & 7
+        if UInt32(mask) & ~bits & 7 != 0 { throw FSError(EACCES, "permission denied") }
+    }
+
+    public func statfs() -> FileSystemStatistics {
+        let c = store.metadata.capacity()
+        return FileSystemStatistics(blockSize: c.blockSize, totalBlocks: c.totalBlocks, freeBlocks: c.freeBlocks,
+                                    availableBlocks: c.availableBlocks, totalFiles: c.totalFiles,
+                                    freeFiles: c.freeFiles, nameMax: UInt64(nameMax))
+    }
+
+    /// Every container registered in the store (for `containers` and tests).
+    public var registeredContainers: [ContainerRecord] {
+        ns.read { state.containers.values.sorted { $0.identifier < $1.identifier } }
+    }
+}
+
+let documentsName = Array("Documents".utf8)
+
+private func levelsWord(_ limit: Int) -> String { limit == 0 ? "no" : "\(limit)" }

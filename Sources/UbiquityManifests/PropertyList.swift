@@ -1,0 +1,439 @@
+import Foundation
+#if canImport(FoundationXML)
+import FoundationXML
+#endif
+
+// A property-list reader that keeps dictionary keys in the order they are written.
+//
+// `PropertyListSerialization` returns an unordered dictionary, but a manifest's default container is
+// the *first declared* one, and Boolean and integer values must be told apart for type errors. So this
+// module reads both formats itself into `PlistValue`: XML through Foundation's `XMLParser`, binary
+// (`bplist00`) with a small reader of Apple's documented format (CFBinaryPList.c).
+
+/// A property-list value. Dictionaries keep their entries in file order, duplicates included.
+enum PlistValue: Sendable, Equatable {
+    case string(String)
+    case bool(Bool)
+    case integer(Int64)
+    case real(Double)
+    case date(String)
+    case data([UInt8])
+    case array([PlistValue])
+    case dictionary([(key: String, value: PlistValue)])
+
+    static func == (a: PlistValue, b: PlistValue) -> Bool {
+        switch (a, b) {
+        case let (.string(x), .string(y)): return Array(x.utf8) == Array(y.utf8)
+        case let (.bool(x), .bool(y)): return x == y
+        case let (.integer(x), .integer(y)): return x == y
+        case let (.real(x), .real(y)): return x == y
+        case let (.date(x), .date(y)): return x == y
+        case let (.data(x), .data(y)): return x == y
+        case let (.array(x), .array(y)): return x == y
+        case let (.dictionary(x), .dictionary(y)):
+            return x.count == y.count && zip(x, y).allSatisfy { Array($0.key.utf8) == Array($1.key.utf8) && $0.value == $1.value }
+        default: return false
+        }
+    }
+
+    /// The type's name as used in messages ("a string", "a Boolean", ...).
+    var typeDescription: String {
+        switch self {
+        case .string: return "a string"
+        case .bool: return "a Boolean"
+        case .integer: return "an integer"
+        case .real: return "a real number"
+        case .date: return "a date"
+        case .data: return "data"
+        case .array: return "an array"
+        case .dictionary: return "a dictionary"
+        }
+    }
+}
+
+/// Why a file is not a property list. `message` completes "FILE: error: <message>".
+struct PlistReadError: Error, Equatable {
+    var message: String
+}
+
+enum PlistFormat: Sendable { case xml, binary }
+
+/// Reads an XML or binary property list, keeping dictionary key order.
+func readPropertyList(_ bytes: [UInt8]) throws(PlistReadError) -> (PlistValue, PlistFormat) {
+    if bytes.starts(with: Array("bplist".utf8)) {
+        var reader = BinaryPlistReader(bytes: bytes)
+        return (try reader.read(), .binary)
+    }
+    return (try XMLPlistReader.read(bytes), .xml)
+}
+
+// MARK: - XML
+
+/// Builds a `PlistValue` from `XMLParser` events (Apple's PropertyList-1.0 DTD).
+final class XMLPlistReader: NSObject, XMLParserDelegate {
+    private enum Frame {
+        case plist(PlistValue?)
+        case dictionary([(key: String, value: PlistValue)], pendingKey: String?)
+        case array([PlistValue])
+        case text(element: String, String)        // key, string, integer, real, date, data
+        case empty(element: String)               // true, false
+    }
+
+    private var stack: [Frame] = []
+    private var result: PlistValue?
+    private var failure: String?
+    private weak var parser: XMLParser?
+
+    static func read(_ bytes: [UInt8]) throws(PlistReadError) -> PlistValue {
+        if bytes.allSatisfy({ $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }) {
+            throw PlistReadError(message: bytes.isEmpty ? "the file is empty"
+                                                        : "the file holds only white space")
+        }
+        let parser = XMLParser(data: Data(bytes))
+        let builder = XMLPlistReader()
+        builder.parser = parser
+        parser.delegate = builder
+        parser.shouldResolveExternalEntities = false
+        let ok = parser.parse()
+        // Linux's XMLParser can return true *and* set parserError (e.g. on a mismatched end tag).
+        if let failure = builder.failure {
+            throw PlistReadError(message: failure)
+        }
+        if !ok || parser.parserError != nil {
+            let looksLikeXML = bytes.drop(while: { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 || $0 == 0xEF || $0 == 0xBB || $0 == 0xBF }).first == UInt8(ascii: "<")
+            if !looksLikeXML {
+                throw PlistReadError(message: "the file is neither an XML nor a binary (bplist00) property list")
+            }
+            throw PlistReadError(message: "the file is not well-formed XML (syntax error at line \(parser.lineNumber), column \(parser.columnNumber))")
+        }
+        guard let value = builder.result else {
+            throw PlistReadError(message: "the file holds no property-list value (no <plist> or <dict> element)")
+        }
+        return value
+    }
+
+    private func fail(_ message: String) {
+        guard failure == nil else { return }
+        let line = parser?.lineNumber ?? 0
+        failure = "the file is not a valid XML property list: \(message) at line \(line)"
+        parser?.abortParsing()
+    }
+
+    private static let valueElements: Set<String> = ["dict", "array", "key", "string", "integer", "real", "date", "data", "true", "false"]
+
+    func parser(_ parser: XMLParser, didStartElement elementName: String, namespaceURI: String?,
+                qualifiedName: String?, attributes: [String: String] = [:]) {
+        guard failure == nil else { return }
+        if elementName == "plist" {
+            guard stack.isEmpty, result == nil else { return fail("<plist> inside another element") }
+            stack.append(.plist(nil))
+            return
+        }
+        guard Self.valueElements.contains(elementName) else {
+            return fail("unknown element <\(elementName)>")
+        }
+        // Where may this element go?
+        switch stack.last {
+        case nil:
+            if result != nil { return fail("more than one top-level value") }
+            if elementName == "key" { return fail("<key> outside a <dict>") }
+        case .plist(let v)?:
+            if v != nil { return fail("more than one value inside <plist>") }
+            if elementName == "key" { return fail("<key> outside a <dict>") }
+        case .dictionary(_, let pending)?:
+            if pending == nil && elementName != "key" {
+                return fail("<\(elementName)> in a <dict> where a <key> belongs")
+            }
+            if pending != nil && elementName == "key" {
+                return fail("<key> in a <dict> where the previous key's value belongs")
+            }
+        case .array?:
+            if elementName == "key" { return fail("<key> inside an <array>") }
+        case .text(let element, _)?, .empty(let element)?:
+            return fail("<\(elementName)> inside <\(element)>")
+        }
+        switch elementName {
+        case "dict": stack.append(.dictionary([], pendingKey: nil))
+        case "array": stack.append(.array([]))
+        case "true", "false": stack.append(.empty(element: elementName))
+        default: stack.append(.text(element: elementName, ""))
+        }
+    }
+
+    func parser(_ parser: XMLParser, foundCharacters string: String) {
+        appendText(string)
+    }
+
+    func parser(_ parser: XMLParser, foundCDATA CDATABlock: Data) {
+        appendText(String(decoding: CDATABlock, as: UTF8.self))
+    }
+
+    private func appendText(_ string: String) {
+        guard failure == nil, let top = stack.last else { return }
+        if case .text(let element, let text) = top {
+            stack[stack.count - 1] = .text(element: element, text + string)
+        } else if !string.allSatisfy({ $0.isWhitespace }) {
+            let shown = string.trimmingCharacters(in: .whitespacesAndNewlines)
+            fail("stray text \(quoted(String(shown.prefix(40)))) outside a value element")
+        }
+    }
+
+    func parser(_ parser: XMLParser, didEndElement elementName: String, namespaceURI: String?, qualifiedName: String?) {
+        guard failure == nil, let top = stack.popLast() else { return }
+        let value: PlistValue
+        switch top {
+        case .plist(let v):
+            result = v
+            return
+        case .dictionary(let entries, let pending):
+            if let pending { return fail("the key \(quoted(pending)) has no value") }
+            value = .dictionary(entries)
+        case .array(let items):
+            value = .array(items)
+        case .empty(let element):
+            value = .bool(element == "true")
+        case .text(let element, let text):
+            switch element {
+            case "key":
+                guard case .dictionary(let entries, nil)? = stack.last else { return fail("misplaced <key>") }
+                stack[stack.count - 1] = .dictionary(entries, pendingKey: text)
+                return
+            case "string": value = .string(text)
+            case "integer":
+                let t = text.trimmingCharacters(in: .whitespacesAndNewlines)
+                guard let n = Self.parseInteger(t) else { return fail("\(quoted(t)) is not an integer") }
+                value = .integer(n)
+            case "real":
+                let t = text.trimmingCharacters(in: .whitespacesAndNewlines)
+                guard let d = Double(t) else { return fail("\(quoted(t)) is not a real number") }
+                value = .real(d)
+            case "date": value = .date(text.trimmingCharacters(in: .whitespacesAndNewlines))
+            case "data":
+                let compact = text.filter { !$0.isWhitespace }
+                guard let d = Data(base64Encoded: compact) else { return fail("<data> is not valid base64") }
+                value = .data([UInt8](d))
+            default: return fail("unknown element <\(element)>")
+            }
+        }
+        attach(value)
+    }
+
+    private func attach(_ value: PlistValue) {
+        switch stack.last {
+        case nil: result = value
+        case .plist?: stack[stack.count - 1] = .plist(value)
+        case .dictionary(var entries, let pending?)?:
+            entries.append((key: pending, value: value))
+            stack[stack.count - 1] = .dictionary(entries, pendingKey: nil)
+        case .array(var items)?:
+            items.append(value)
+            stack[stack.count - 1] = .array(items)
+        default: fail("misplaced value")
+        }
+    }
+
+    private static func parseInteger(_ t: String) -> Int64? {
+        var s = Substring(t)
+        var negative = false
+        if s.hasPrefix("-") { negative = true; s = s.dropFirst() } else if s.hasPrefix("+") { s = s.dropFirst() }
+        let magnitude: UInt64?
+        if s.hasPrefix("0x") || s.hasPrefix("0X") { magnitude = UInt64(s.dropFirst(2), radix: 16) } else { magnitude = UInt64(s) }
+        guard let m = magnitude else { return nil }
+        if negative { return m <= UInt64(Int64.max) + 1 ? Int64(truncatingIfNeeded: 0 &- m) : nil }
+        return Int64(truncatingIfNeeded: m)   // unsigned 64-bit values wrap, as CoreFoundation stores them
+    }
+}
+
+// MARK: - Binary
+
+/// Reads `bplist00` files: header, objects, offset table, 32-byte trailer.
+struct BinaryPlistReader {
+    let bytes: [UInt8]
+    private var offsets: [Int] = []
+    private var refSize = 0
+    private var inProgress: Set<Int> = []
+    private var objectsDecoded = 0
+
+    init(bytes: [UInt8]) { self.bytes = bytes }
+
+    private func bad(_ what: String) -> PlistReadError {
+        PlistReadError(message: "the file is not a valid binary property list: \(what)")
+    }
+
+    mutating func read() throws(PlistReadError) -> PlistValue {
+        guard bytes.starts(with: Array("bplist00".utf8)) else {
+            let version = String(decoding: bytes.dropFirst(6).prefix(2), as: UTF8.self)
+            throw PlistReadError(message: "the file is a binary property list of unsupported version \(quoted(version))")
+        }
+        guard bytes.count >= 8 + 1 + 32 else { throw bad("the file is truncated") }
+        let t = bytes.count - 32
+        let offsetSize = Int(bytes[t + 6])
+        refSize = Int(bytes[t + 7])
+        let numObjects = readUInt(at: t + 8, size: 8)
+        let topObject = readUInt(at: t + 16, size: 8)
+        let tableOffset = readUInt(at: t + 24, size: 8)
+        guard (1...8).contains(offsetSize), (1...8).contains(refSize) else { throw bad("corrupt trailer") }
+        guard numObjects > 0, numObjects < UInt64(bytes.count), topObject < numObjects else { throw bad("corrupt trailer") }
+        guard tableOffset >= 9, tableOffset < UInt64(t),
+              UInt64(t) - tableOffset >= numObjects * UInt64(offsetSize) else { throw bad("corrupt offset table") }
+        let count = Int(numObjects)
+        offsets.reserveCapacity(count)
+        for i in 0..<count {
+            let o = readUInt(at: Int(tableOffset) + i * offsetSize, size: offsetSize)
+            guard o >= 8, o < tableOffset else { throw bad("object \(i) lies outside the object area") }
+            offsets.append(Int(o))
+        }
+        return try object(Int(topObject), depth: 0)
+    }
+
+    private func readUInt(at position: Int, size: Int) -> UInt64 {
+        var v: UInt64 = 0
+        for i in 0..<size { v = (v << 8) | UInt64(bytes[position + i]) }
+        return v
+    }
+
+    private func need(_ position: Int, _ count: Int) throws(PlistReadError) {
+        guard position >= 0, count >= 0, position <= bytes.count - 32, count <= bytes.count - 32 - position else {
+            throw bad("an object runs past the end of the data")
+        }
+    }
+
+    /// Length of a collection or string: low nibble, or 0xF followed by an integer object.
+    private func length(marker: UInt8, at position: inout Int) throws(PlistReadError) -> Int {
+        let low = Int(marker & 0x0F)
+        if low != 0x0F { return low }
+        try need(position, 1)
+        let intMarker = bytes[position]
+        guard intMarker & 0xF0 == 0x10, intMarker & 0x0F <= 3 else { throw bad("corrupt length") }
+        let size = 1 << Int(intMarker & 0x0F)
+        try need(position + 1, size)
+        let v = readUInt(at: position + 1, size: size)
+        position += 1 + size
+        guard v < UInt64(bytes.count) else { throw bad("corrupt length") }
+        return Int(v)
+    }
+
+    private func ref(at position: Int) -> Int {
+        let v = readUInt(at: position, size: refSize)
+        return v < UInt64(Int.max) ? Int(v) : Int.max
+    }
+
+    private mutating func object(_ index: Int, depth: Int) throws(PlistReadError) -> PlistValue {
+        guard index < offsets.count else { throw bad("reference to a missing object") }
+        guard depth < 512 else { throw bad("nesting too deep") }
+        guard !inProgress.contains(index) else { throw bad("an object contains itself") }
+        objectsDecoded += 1
+        guard objectsDecoded <= 1_000_000 else { throw bad("too many objects") }
+        var p = offsets[index]
+        try need(p, 1)
+        let marker = bytes[p]
+        p += 1
+        switch marker >> 4 {
+        case 0x0:
+            switch marker {
+            case 0x08: return .bool(false)
+            case 0x09: return .bool(true)
+            default: throw bad("unsupported object (marker 0x\(String(marker, radix: 16)))")
+            }
+        case 0x1:
+            let n = Int(marker & 0x0F)
+            guard n <= 4 else { throw bad("corrupt integer") }
+            let size = 1 << n
+            try need(p, size)
+            if size == 16 { return .integer(Int64(bitPattern: readUInt(at: p + 8, size: 8))) }
+            let v = readUInt(at: p, size: size)
+            return .integer(size == 8 ? Int64(bitPattern: v) : Int64(v))
+        case 0x2:
+            let size = 1 << Int(marker & 0x0F)
+            guard size == 4 || size == 8 else { throw bad("corrupt real") }
+            try need(p, size)
+            let v = readUInt(at: p, size: size)
+            return .real(size == 4 ? Double(Float(bitPattern: UInt32(v))) : Double(bitPattern: v))
+        case 0x3:
+            guard marker == 0x33 else { throw bad("corrupt date") }
+            try need(p, 8)
+            let seconds = Double(bitPattern: readUInt(at: p, size: 8))
+            return .date(ISO8601DateFormatter().string(from: Date(timeIntervalSinceReferenceDate: seconds)))
+        case 0x4:
+            let n = try length(marker: marker, at: &p)
+            try need(p, n)
+            return .data(Array(bytes[p..<p + n]))
+        case 0x5:
+            let n = try length(marker: marker, at: &p)
+            try need(p, n)
+            let slice = bytes[p..<p + n]
+            guard slice.allSatisfy({ $0 < 0x80 }) else { throw bad("an ASCII string holds non-ASCII bytes") }
+            return .string(String(decoding: slice, as: UTF8.self))
+        case 0x6:
+            let n = try length(marker: marker, at: &p)
+            guard n <= (bytes.count - 32) / 2 else { throw bad("an object runs past the end of the data") }
+            try need(p, n * 2)
+            var units: [UInt16] = []
+            units.reserveCapacity(n)
+            for i in 0..<n { units.append(UInt16(bytes[p + 2 * i]) << 8 | UInt16(bytes[p + 2 * i + 1])) }
+            var s = ""
+            var it = units.makeIterator()
+            var decoder = UTF16()
+            loop: while true {
+                switch decoder.decode(&it) {
+                case .scalarValue(let c): s.unicodeScalars.append(c)
+                case .emptyInput: break loop
+                case .error: throw bad("a UTF-16 string is not valid UTF-16")
+                }
+            }
+            return .string(s)
+        case 0x8:
+            throw bad("it holds a UID (it is a keyed archive, not an Info.plist)")
+        case 0xA, 0xC:
+            let n = try length(marker: marker, at: &p)
+            guard n <= (bytes.count - 32) / refSize else { throw bad("an object runs past the end of the data") }
+            try need(p, n * refSize)
+            inProgress.insert(index)
+            defer { inProgress.remove(index) }
+            var items: [PlistValue] = []
+            for i in 0..<n { items.append(try object(ref(at: p + i * refSize), depth: depth + 1)) }
+            return .array(items)
+        case 0xD:
+            let n = try length(marker: marker, at: &p)
+            guard n <= (bytes.count - 32) / (2 * refSize) else { throw bad("an object runs past the end of the data") }
+            try need(p, 2 * n * refSize)
+            inProgress.insert(index)
+            defer { inProgress.remove(index) }
+            var entries: [(key: String, value: PlistValue)] = []
+            entries.reserveCapacity(n)
+            for i in 0..<n {
+                let keyObject = try object(ref(at: p + i * refSize), depth: depth + 1)
+                guard case .string(let key) = keyObject else { throw bad("a dictionary key is \(keyObject.typeDescription), not a string") }
+                let value = try object(ref(at: p + (n + i) * refSize), depth: depth + 1)
+                entries.append((key: key, value: value))
+            }
+            return .dictionary(entries)
+        default:
+            throw bad("unsupported object (marker 0x\(String(marker, radix: 16)))")
+        }
+    }
+}
+
+// MARK: - Quoting for messages
+
+/// A value quoted for a one-line message: `"a\nb"` with control characters escaped.
+func quoted(_ s: String) -> String {
+    var out = "\""
+    for scalar in s.unicodeScalars {
+        switch scalar {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\t": out += "\\t"
+        case "\r": out += "\\r"
+        case "\0": out += "\\0"
+        default:
+            if scalar.value < 0x20 || scalar.value == 0x7F {
+                out += "\\u{\(String(scalar.value, radix: 16))}"
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+    }
+    return out + "\""
+}

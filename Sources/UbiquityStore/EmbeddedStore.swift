@@ -1,0 +1,65 @@
+// Opening the embedded store: one folder holding
+//   lock               exclusive flock held for the store's lifetime (holds the owner's pid)
+//   metadata.sqlite3   SQLiteMetadataStore (+ -wal, -shm)
+//   blobs/XX/…         LocalBlobStore
+//   work/…             LocalWorkArea
+
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An exclusive `flock` on the store's `lock` file. Released when the last object holding it
+/// (the three parts of the store each hold it) is gone.
+final class StoreLock: Sendable {
+    let fd: Int32
+    let path: String
+
+    init(directory: String) throws(StoreError) {
+        let path = directory + "/lock"
+        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        if fd < 0 { throw systemError("open", path, errno) }
+        if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) != 0 {
+            let code = errno
+            defer { close(fd) }
+            if code == EWOULDBLOCK || code == EAGAIN {
+                var buffer = [UInt8](repeating: 0, count: 32)
+                let n = buffer.withUnsafeMutableBytes { (try? preadFully(fd, $0, at: 0, path: path)) ?? 0 }
+                let pid = String(decoding: buffer[..<n], as: UTF8.self)
+                    .trimmingCharacters(in: .whitespacesAndNewlines)
+                throw StoreError(errno: EBUSY, "store \(directory) is in use by another ubiquityfs "
+                                 + "(pid \(pid.isEmpty ? "?" : pid))")
+            }
+            throw systemError("flock", path, code)
+        }
+        // We own it: record our pid for the message above.
+        let pid = Array("\(getpid())\n".utf8)
+        _ = retryEINTR { ftruncate(fd, 0) }
+        try? pwriteFully(fd, pid, at: 0, path: path)
+        self.fd = fd
+        self.path = path
+    }
+
+    deinit { close(fd) }
+}
+
+/// Opens (creating if missing) the embedded store in `directory`: SQLite metadata, local blob
+/// files and work area, under an exclusive lock so that two daemons can't open one store (the
+/// second open fails with EBUSY). The lock is held as long as any of the returned parts lives.
+public func openEmbeddedStore(directory: String) throws(StoreError) -> BackingStore {
+    let directory = directory.count > 1 && directory.hasSuffix("/") ? String(directory.dropLast()) : directory
+    var st = stat()
+    let existed = stat(directory, &st) == 0
+    try makeDirectories(directory, mode: 0o700)
+    let lock = try StoreLock(directory: directory)
+    let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock)
+    let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock)
+    let work = try LocalWorkArea(directory: directory, storeLock: lock)
+    if !existed {
+        // Make the new folder's entries (blobs/, work/, the database) durable.
+        try fsyncDirectory(directory)
+        let parent = (directory as NSString).deletingLastPathComponent
+        try? fsyncDirectory(parent.isEmpty ? "." : parent)
+    }
+    return BackingStore(metadata: metadata, blobs: blobs, work: work)
+}

@@ -1,0 +1,245 @@
+// Fault injection: wrappers around any store that fail chosen calls with a chosen errno,
+// following a shared `FaultPlan`. A failed call is failed *before* it reaches the wrapped store,
+// so a failed commit applies nothing, a failed blob write stores nothing, and so on.
+
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The store calls a `FaultPlan` can fail.
+public enum FaultOperation: String, Sendable, CaseIterable {
+    // MetadataStore
+    case load, commit, versions, version
+    // BlobStore (`blobVerify`: a fault makes `verify` return false)
+    case blobWrite, blobRead, blobDelete, syncAll, blobVerify
+    // WorkArea and WorkFile
+    case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSync
+}
+
+/// Which calls of an operation fail. Calls are counted from when the rule was set.
+public enum FaultTrigger: Sendable, Equatable {
+    /// Every call.
+    case always
+    /// Only the Nth call (1 = the next one).
+    case nthCall(Int)
+    /// The Nth call and every one after it.
+    case fromNthCall(Int)
+    /// The next N calls.
+    case nextCalls(Int)
+}
+
+/// What to fail, shared by the wrappers of one store (and safe to change while they run).
+public final class FaultPlan: @unchecked Sendable {
+    private struct Rule {
+        var errno: Int32
+        var trigger: FaultTrigger
+        var seen = 0
+    }
+    // `mutex` guards `rules`, `calls` and `failures`.
+    private let mutex = StoreMutex()
+    private var rules: [FaultOperation: Rule] = [:]
+    private var calls: [FaultOperation: Int] = [:]
+    private var failures: [FaultOperation: Int] = [:]
+
+    public init() {}
+
+    /// Fail calls of `operation` (as chosen by `trigger`) with `errno`. Replaces any earlier rule
+    /// for `operation`.
+    public func fail(_ operation: FaultOperation, errno: Int32, _ trigger: FaultTrigger = .always) {
+        mutex.withLock { rules[operation] = Rule(errno: errno, trigger: trigger) }
+    }
+
+    /// Stop failing `operation`.
+    public func clear(_ operation: FaultOperation) {
+        mutex.withLock { rules[operation] = nil }
+    }
+
+    /// Stop failing anything (the counters stay).
+    public func clearAll() {
+        mutex.withLock { rules = [:] }
+    }
+
+    /// Calls of `operation` seen so far (failed or not).
+    public func callCount(_ operation: FaultOperation) -> Int {
+        mutex.withLock { calls[operation, default: 0] }
+    }
+
+    /// Calls of `operation` failed so far.
+    public func failureCount(_ operation: FaultOperation) -> Int {
+        mutex.withLock { failures[operation, default: 0] }
+    }
+
+    /// Count a call of `operation`; throw if the plan says it fails. For wrappers.
+    public func check(_ operation: FaultOperation) throws(StoreError) {
+        if let (code, call) = decide(operation) {
+            throw StoreError(errno: code, "injected fault: \(operation.rawValue) call #\(call)")
+        }
+    }
+
+    /// Count a call of `operation`; the errno to fail it with, or nil.
+    public func next(_ operation: FaultOperation) -> Int32? {
+        decide(operation)?.errno
+    }
+
+    private func decide(_ operation: FaultOperation) -> (errno: Int32, call: Int)? {
+        mutex.withLock { () -> (errno: Int32, call: Int)? in
+            calls[operation, default: 0] += 1
+            guard var rule = rules[operation] else { return nil }
+            rule.seen += 1
+            rules[operation] = rule
+            let fails: Bool
+            switch rule.trigger {
+            case .always: fails = true
+            case .nthCall(let n): fails = rule.seen == n
+            case .fromNthCall(let n): fails = rule.seen >= n
+            case .nextCalls(let n): fails = rule.seen <= n
+            }
+            guard fails else { return nil }
+            failures[operation, default: 0] += 1
+            return (rule.errno, calls[operation, default: 0])
+        }
+    }
+}
+
+/// Wraps `store` so that its calls fail as `plan` says.
+public func faultInjecting(_ store: BackingStore, plan: FaultPlan) -> BackingStore {
+    BackingStore(metadata: FaultInjectingMetadataStore(store.metadata, plan: plan),
+                 blobs: FaultInjectingBlobStore(store.blobs, plan: plan),
+                 work: FaultInjectingWorkArea(store.work, plan: plan))
+}
+
+public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
+    public let wrapped: any MetadataStore
+    public let plan: FaultPlan
+
+    public init(_ wrapped: any MetadataStore, plan: FaultPlan) {
+        self.wrapped = wrapped
+        self.plan = plan
+    }
+
+    public func load() throws(StoreError) -> StoreSnapshot {
+        try plan.check(.load)
+        return try wrapped.load()
+    }
+
+    public func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError) {
+        try plan.check(.commit)
+        try wrapped.commit(mutations, durable: durable)
+    }
+
+    public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
+        try plan.check(.versions)
+        return try wrapped.versions(of: ino)
+    }
+
+    public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
+        try plan.check(.version)
+        return try wrapped.version(id)
+    }
+
+    public func capacity() -> StoreCapacity { wrapped.capacity() }
+}
+
+public final class FaultInjectingBlobStore: BlobStore, Sendable {
+    public let wrapped: any BlobStore
+    public let plan: FaultPlan
+
+    public init(_ wrapped: any BlobStore, plan: FaultPlan) {
+        self.wrapped = wrapped
+        self.plan = plan
+    }
+
+    public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
+        try plan.check(.blobWrite)
+        return try wrapped.write(bytes, durable: durable)
+    }
+
+    public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        try plan.check(.blobRead)
+        return try wrapped.read(blob, at: offset, into: buffer)
+    }
+
+    public func syncAll() throws(StoreError) {
+        try plan.check(.syncAll)
+        try wrapped.syncAll()
+    }
+
+    public func delete(_ blob: BlobID) throws(StoreError) {
+        try plan.check(.blobDelete)
+        try wrapped.delete(blob)
+    }
+
+    public func verify(_ ref: ChunkRef) -> Bool {
+        if plan.next(.blobVerify) != nil { return false }
+        return wrapped.verify(ref)
+    }
+}
+
+public final class FaultInjectingWorkArea: WorkArea, Sendable {
+    public let wrapped: any WorkArea
+    public let plan: FaultPlan
+
+    public init(_ wrapped: any WorkArea, plan: FaultPlan) {
+        self.wrapped = wrapped
+        self.plan = plan
+    }
+
+    public func create(ino: InodeNumber) throws(StoreError) -> any WorkFile {
+        try plan.check(.workCreate)
+        return FaultInjectingWorkFile(try wrapped.create(ino: ino), plan: plan)
+    }
+
+    public func leftovers() throws(StoreError) -> [RecoveredWork] {
+        try plan.check(.workLeftovers)
+        return try wrapped.leftovers().map { work in
+            var wrappedWork = work
+            wrappedWork.file = FaultInjectingWorkFile(work.file, plan: plan)
+            return wrappedWork
+        }
+    }
+}
+
+public final class FaultInjectingWorkFile: WorkFile, Sendable {
+    public let wrapped: any WorkFile
+    public let plan: FaultPlan
+
+    public init(_ wrapped: any WorkFile, plan: FaultPlan) {
+        self.wrapped = wrapped
+        self.plan = plan
+    }
+
+    public var ino: InodeNumber { wrapped.ino }
+
+    public func pread(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) -> Int {
+        try plan.check(.workRead)
+        return try wrapped.pread(into: buffer, at: offset)
+    }
+
+    public func pwrite(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError) {
+        try plan.check(.workWrite)
+        try wrapped.pwrite(bytes, at: offset)
+    }
+
+    public func truncate(to size: Int) throws(StoreError) {
+        try plan.check(.workTruncate)
+        try wrapped.truncate(to: size)
+    }
+
+    public func markDirty(_ index: Int) throws(StoreError) {
+        try plan.check(.workMarkDirty)
+        try wrapped.markDirty(index)
+    }
+
+    public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
+        try plan.check(.workSetBase)
+        try wrapped.setBase(base, size: size)
+    }
+
+    public func sync() throws(StoreError) {
+        try plan.check(.workSync)
+        try wrapped.sync()
+    }
+
+    public func remove() { wrapped.remove() }
+}

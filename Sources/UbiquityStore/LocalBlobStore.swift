@@ -1,0 +1,228 @@
+// Content blobs as files: `<directory>/blobs/XX/<16 hex digits>`, XX = the id's low byte.
+//
+// A blob is written under a temporary name in `blobs/.tmp/` and renamed into place (without
+// replacing: an id collision just draws another id), so a blob file is never half-present
+// under its final name. Durable writes fdatasync the file before the rename and fsync the XX
+// folder after it; non-durable writes are made durable later by one `syncAll()` (syncfs).
+//
+// Reads go through a bounded LRU cache of read-only fds. The cache lock guards only the map; the
+// pread runs outside it on a reference-counted `CachedFD` that closes its fd when the last user
+// (the cache or a reader in flight) lets go — so evicting an fd another thread is reading from
+// is harmless.
+
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// An open read-only fd, closed when the last reference goes.
+final class CachedFD: Sendable {
+    let fd: Int32
+    init(_ fd: Int32) { self.fd = fd }
+    deinit { close(fd) }
+}
+
+/// A bounded LRU map of blob id → open fd. Not thread-safe: use under a lock.
+struct FDCache {
+    private struct Entry {
+        var handle: CachedFD
+        var lastUse: UInt64
+    }
+    let capacity: Int
+    private var entries: [BlobID: Entry] = [:]
+    private var clock: UInt64 = 0
+
+    init(capacity: Int) { self.capacity = max(1, capacity) }
+
+    var count: Int { entries.count }
+
+    mutating func get(_ id: BlobID) -> CachedFD? {
+        guard entries[id] != nil else { return nil }
+        clock += 1
+        entries[id]!.lastUse = clock
+        return entries[id]!.handle
+    }
+
+    /// Inserts `handle` unless `id` is already cached; returns the cached one, and the entry
+    /// evicted to make room (the least recently used; O(capacity), only on a miss, which costs an
+    /// open() anyway) so the caller can release it outside its lock.
+    mutating func insert(_ id: BlobID, _ handle: CachedFD) -> (handle: CachedFD, evicted: CachedFD?) {
+        if let existing = get(id) { return (existing, nil) }
+        var evicted: CachedFD?
+        if entries.count >= capacity,
+           let victim = entries.min(by: { $0.value.lastUse < $1.value.lastUse })?.key {
+            evicted = entries.removeValue(forKey: victim)?.handle
+        }
+        clock += 1
+        entries[id] = Entry(handle: handle, lastUse: clock)
+        return (handle, evicted)
+    }
+
+    /// Removes `id`; returns its handle so the caller can release it outside its lock.
+    mutating func remove(_ id: BlobID) -> CachedFD? { entries.removeValue(forKey: id)?.handle }
+}
+
+public final class LocalBlobStore: BlobStore, @unchecked Sendable {
+    // `cacheMutex` guards `cache` (the map of open read fds) and nothing else; it is never held
+    // across a system call (evicted fds are released, and so maybe closed, after unlocking).
+    private let cacheMutex = StoreMutex()
+    private var cache: FDCache
+
+    /// `<directory>/blobs`.
+    public let blobsPath: String
+    private let tempPath: String
+    /// The blobs folder, open for syncfs.
+    private let blobsFD: Int32
+    private let storeLock: StoreLock?
+
+    /// Opens (creating if missing) `<directory>/blobs`. `fdCacheCapacity`: open read fds kept.
+    public convenience init(directory: String, fdCacheCapacity: Int = 256) throws(StoreError) {
+        try self.init(directory: directory, fdCacheCapacity: fdCacheCapacity, storeLock: nil)
+    }
+
+    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?) throws(StoreError) {
+        let blobsPath = directory + "/blobs"
+        let tempPath = blobsPath + "/.tmp"
+        try makeDirectories(directory)
+        var created = try makeDirectory(blobsPath)
+        for low in 0..<256 {
+            if try makeDirectory(blobsPath + "/" + Self.hex2(UInt8(low))) { created = true }
+        }
+        try makeDirectory(tempPath)
+        // Temporary files left by a crash are garbage.
+        if let names = try? FileManager.default.contentsOfDirectory(atPath: tempPath) {
+            for name in names { _ = retryEINTR { unlink(tempPath + "/" + name) } }
+        }
+        if created {
+            try fsyncDirectory(blobsPath)
+            try fsyncDirectory(directory)
+        }
+        let fd = retryEINTR { open(blobsPath, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
+        if fd < 0 { throw systemError("open", blobsPath, errno) }
+        self.blobsPath = blobsPath
+        self.tempPath = tempPath
+        self.blobsFD = fd
+        self.cache = FDCache(capacity: fdCacheCapacity)
+        self.storeLock = storeLock
+    }
+
+    deinit { close(blobsFD) }
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
+
+    private static func hex2(_ byte: UInt8) -> String {
+        String(decoding: [hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 15)]], as: UTF8.self)
+    }
+
+    private static func hex16(_ value: UInt64) -> String {
+        var out = [UInt8](repeating: 0, count: 16)
+        for i in 0..<16 { out[15 - i] = hexDigits[Int((value >> (UInt64(i) * 4)) & 15)] }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// The file of blob `id`.
+    public func path(of id: BlobID) -> String {
+        blobsPath + "/" + Self.hex2(UInt8(truncatingIfNeeded: id)) + "/" + Self.hex16(id)
+    }
+
+    private func folder(of id: BlobID) -> String {
+        blobsPath + "/" + Self.hex2(UInt8(truncatingIfNeeded: id))
+    }
+
+    // MARK: BlobStore
+
+    public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
+        guard bytes.count <= chunkSize else {
+            throw StoreError(errno: EINVAL, "blob of \(bytes.count) bytes is larger than a chunk (\(chunkSize))")
+        }
+        let checksum = contentChecksum(bytes)
+        var generator = SystemRandomNumberGenerator()
+        while true {
+            var id: BlobID = 0
+            while id == 0 { id = generator.next() }
+            let temp = tempPath + "/" + Self.hex16(id)
+            let fd = retryEINTR { open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
+            if fd < 0 {
+                if errno == EEXIST { continue }
+                throw systemError("create", temp, errno)
+            }
+            do throws(StoreError) {
+                try pwriteFully(fd, bytes, at: 0, path: temp)
+                if durable { try fdatasyncChecked(fd, path: temp) }
+            } catch {
+                close(fd)
+                _ = retryEINTR { unlink(temp) }
+                throw error
+            }
+            // close() is never retried: on Linux the fd is gone even when it reports EINTR.
+            if close(fd) != 0 && errno != EINTR {
+                let code = errno
+                _ = retryEINTR { unlink(temp) }
+                throw systemError("close", temp, code)
+            }
+            let final = path(of: id)
+            do throws(StoreError) {
+                try renameNoReplace(temp, final)
+            } catch {
+                _ = retryEINTR { unlink(temp) }
+                if error.errno == EEXIST { continue }  // id already taken: draw another
+                throw error
+            }
+            if durable { try fsyncDirectory(folder(of: id)) }
+            return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
+        }
+    }
+
+    public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        if blob == 0 || buffer.isEmpty { return 0 }  // the hole: an empty blob
+        guard offset >= 0 else { throw StoreError(errno: EINVAL, "read \(path(of: blob)): negative offset \(offset)") }
+        let handle = try openForReading(blob)
+        return try preadFully(handle.fd, buffer, at: offset, path: path(of: blob))
+    }
+
+    /// The cached fd of `blob`, opening it (outside the lock) on a miss.
+    private func openForReading(_ blob: BlobID) throws(StoreError) -> CachedFD {
+        if let handle = cacheMutex.withLock({ cache.get(blob) }) { return handle }
+        let file = path(of: blob)
+        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC) }
+        if fd < 0 { throw systemError("open blob", file, errno) }
+        let fresh = CachedFD(fd)
+        // If another thread cached it meanwhile, use theirs; `fresh` closes on release.
+        let (handle, evicted) = cacheMutex.withLock { cache.insert(blob, fresh) }
+        withExtendedLifetime(evicted) {}  // released here, outside the lock
+        return handle
+    }
+
+    public func syncAll() throws(StoreError) {
+        try syncFilesystem(blobsFD, path: blobsPath)
+    }
+
+    public func delete(_ blob: BlobID) throws(StoreError) {
+        guard blob != 0 else { return }
+        let evicted = cacheMutex.withLock { cache.remove(blob) }
+        withExtendedLifetime(evicted) {}
+        let file = path(of: blob)
+        if retryEINTR({ unlink(file) }) != 0 && errno != ENOENT {
+            throw systemError("delete blob", file, errno)
+        }
+    }
+
+    public func verify(_ ref: ChunkRef) -> Bool {
+        if ref.isHole { return true }
+        let file = path(of: ref.blob)
+        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC) }
+        if fd < 0 { return false }
+        defer { close(fd) }
+        var st = stat()
+        guard retryEINTR({ fstat(fd, &st) }) == 0, Int(st.st_size) == Int(ref.length) else { return false }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(ref.length), alignment: 16)
+        defer { buffer.deallocate() }
+        guard let n = try? preadFully(fd, buffer, at: 0, path: file), n == Int(ref.length) else { return false }
+        return contentChecksum(UnsafeRawBufferPointer(buffer)) == ref.checksum
+    }
+
+    // MARK: For tests
+
+    /// How many read fds are cached now.
+    var cachedFDCount: Int { cacheMutex.withLock { cache.count } }
+}

@@ -1,0 +1,589 @@
+// The embedded metadata store: one SQLite connection in WAL mode.
+//
+// Durability: the connection runs with `synchronous=NORMAL` (a commit is atomic and survives a
+// crash of the process, but the WAL is only fsync'ed at checkpoints, so a power cut may lose the
+// last commits). `commit(_, durable: true)` switches that one transaction to `synchronous=FULL`,
+// which makes SQLite fsync the WAL when the transaction commits — and since the WAL is appended in
+// order, that one fsync also makes every earlier commit durable. A durable commit of an empty
+// batch has nothing to write, so it runs `PRAGMA wal_checkpoint(PASSIVE)` instead, which fsyncs
+// the WAL (and the database) as a barrier for the earlier non-durable commits.
+//
+// Schema (version 1): `store_meta` holds the store's own keys (schema_version and the high-water
+// marks max_ino / max_version, so deleted ids are never reused); `meta` holds the model's keys
+// (`Mutation.setMeta`) and is returned whole by `load()`.
+
+import CSQLite
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// SQLITE_TRANSIENT is a C cast macro that does not import: SQLite copies the bound bytes.
+private var sqliteTransient: sqlite3_destructor_type {
+    unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+}
+
+/// SQLite result code → errno (SQLITE_FULL → ENOSPC, SQLITE_IOERR → EIO, everything else EIO).
+func errnoForSQLite(_ code: Int32) -> Int32 {
+    switch code & 0xff {
+    case SQLITE_FULL: return ENOSPC
+    case SQLITE_IOERR: return EIO
+    default: return EIO
+    }
+}
+
+private let schemaVersion: Int64 = 1
+
+private let schemaSQL = """
+    CREATE TABLE IF NOT EXISTS store_meta(
+        key TEXT PRIMARY KEY NOT NULL,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS meta(
+        key TEXT PRIMARY KEY NOT NULL,
+        value TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS nodes(
+        ino INTEGER PRIMARY KEY,
+        container TEXT NOT NULL,
+        kind INTEGER NOT NULL,
+        mode INTEGER NOT NULL,
+        uid INTEGER NOT NULL,
+        gid INTEGER NOT NULL,
+        nlink INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        atime INTEGER NOT NULL,
+        mtime INTEGER NOT NULL,
+        ctime INTEGER NOT NULL,
+        btime INTEGER NOT NULL,
+        rdev INTEGER NOT NULL,
+        target BLOB NOT NULL,
+        current_version INTEGER
+    );
+    CREATE TABLE IF NOT EXISTS dirents(
+        parent INTEGER NOT NULL,
+        name BLOB NOT NULL,
+        child INTEGER NOT NULL,
+        PRIMARY KEY(parent, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS xattrs(
+        ino INTEGER NOT NULL,
+        name BLOB NOT NULL,
+        value BLOB NOT NULL,
+        PRIMARY KEY(ino, name)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS versions(
+        id INTEGER PRIMARY KEY,
+        ino INTEGER NOT NULL,
+        created INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        origin TEXT NOT NULL,
+        device TEXT NOT NULL,
+        chunks BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS versions_by_ino ON versions(ino, id);
+    CREATE TABLE IF NOT EXISTS containers(
+        identifier TEXT PRIMARY KEY NOT NULL,
+        bundle_identifier TEXT NOT NULL,
+        name TEXT NOT NULL,
+        is_public INTEGER NOT NULL,
+        folder_levels TEXT NOT NULL,
+        registered_version TEXT NOT NULL,
+        manifest_path TEXT NOT NULL,
+        root_ino INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO store_meta(key, value) VALUES
+        ('schema_version', \(schemaVersion)), ('max_ino', 0), ('max_version', 0);
+    """
+
+// MARK: - Packed chunk lists
+
+/// Chunk list ↔ BLOB: per chunk blob u64, length u32, checksum u64, little endian (20 bytes).
+enum ChunkPacking {
+    static let entrySize = 20
+
+    static func pack(_ chunks: [ChunkRef]) -> [UInt8] {
+        var out = [UInt8]()
+        out.reserveCapacity(chunks.count * entrySize)
+        for c in chunks {
+            withUnsafeBytes(of: c.blob.littleEndian) { out.append(contentsOf: $0) }
+            withUnsafeBytes(of: c.length.littleEndian) { out.append(contentsOf: $0) }
+            withUnsafeBytes(of: c.checksum.littleEndian) { out.append(contentsOf: $0) }
+        }
+        return out
+    }
+
+    static func unpack(_ bytes: UnsafeRawBufferPointer) -> [ChunkRef]? {
+        guard bytes.count % entrySize == 0 else { return nil }
+        var chunks = [ChunkRef]()
+        chunks.reserveCapacity(bytes.count / entrySize)
+        var i = 0
+        while i < bytes.count {
+            let blob = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self))
+            let length = UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 8, as: UInt32.self))
+            let sum = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 12, as: UInt64.self))
+            chunks.append(ChunkRef(blob: blob, length: length, checksum: sum))
+            i += entrySize
+        }
+        return chunks
+    }
+}
+
+// MARK: - The store
+
+public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
+    // `mutex` guards every use of the connection: `db` and the prepared statements in
+    // `statements` (a statement is not usable from two threads at once). Everything else is
+    // immutable after init.
+    private let mutex = StoreMutex()
+    private let db: OpaquePointer
+    private var statements: [String: OpaquePointer] = [:]
+
+    /// Where the database file lives (for `capacity()`).
+    public let path: String
+    private let folder: String
+    /// The embedded store's `flock`; held for as long as this object lives.
+    private let storeLock: StoreLock?
+
+    /// Opens (creating if missing) the database at `path`.
+    public convenience init(path: String) throws(StoreError) {
+        try self.init(path: path, storeLock: nil)
+    }
+
+    init(path: String, storeLock: StoreLock?) throws(StoreError) {
+        var handle: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let rc = sqlite3_open_v2(path, &handle, flags, nil)
+        guard rc == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            if let handle { sqlite3_close_v2(handle) }
+            throw StoreError(errno: errnoForSQLite(rc), "open \(path): \(message)")
+        }
+        sqlite3_extended_result_codes(handle, 1)
+        do throws(StoreError) {
+            try Self.setUp(handle, path: path)
+        } catch {
+            sqlite3_close_v2(handle)
+            throw error
+        }
+        self.db = handle
+        self.path = path
+        self.folder = (path as NSString).deletingLastPathComponent.isEmpty
+            ? "." : (path as NSString).deletingLastPathComponent
+        self.storeLock = storeLock
+    }
+
+    deinit {
+        for statement in statements.values { sqlite3_finalize(statement) }
+        sqlite3_close_v2(db)
+    }
+
+    /// Pragmas, schema, schema-version check.
+    private static func setUp(_ db: OpaquePointer, path: String) throws(StoreError) {
+        sqlite3_busy_timeout(db, 5000)
+        let mode = try scalarText(db, "PRAGMA journal_mode=WAL", path: path)
+        guard mode?.lowercased() == "wal" else {
+            throw StoreError(errno: EIO, "\(path): cannot switch to WAL mode (journal_mode is \(mode ?? "?"))")
+        }
+        try exec(db, "PRAGMA synchronous=NORMAL", path: path)
+        try exec(db, "PRAGMA foreign_keys=OFF", path: path)
+        try exec(db, "BEGIN IMMEDIATE", path: path)
+        do throws(StoreError) {
+            try exec(db, schemaSQL, path: path)
+            let version = try scalarInt(db, "SELECT value FROM store_meta WHERE key='schema_version'", path: path)
+            guard version == schemaVersion else {
+                throw StoreError(errno: EIO, "\(path): unsupported schema version \(version ?? -1) "
+                                 + "(this ubiquityfs knows \(schemaVersion))")
+            }
+            try exec(db, "COMMIT", path: path)
+        } catch {
+            if sqlite3_get_autocommit(db) == 0 { sqlite3_exec(db, "ROLLBACK", nil, nil, nil) }
+            throw error
+        }
+    }
+
+    private static func error(_ db: OpaquePointer, _ rc: Int32, _ what: String) -> StoreError {
+        StoreError(errno: errnoForSQLite(rc), "\(what): \(String(cString: sqlite3_errmsg(db))) (SQLite \(rc))")
+    }
+
+    private static func exec(_ db: OpaquePointer, _ sql: String, path: String) throws(StoreError) {
+        let rc = sqlite3_exec(db, sql, nil, nil, nil)
+        if rc != SQLITE_OK { throw error(db, rc, "\(path): \(sql.prefix(60))") }
+    }
+
+    private static func scalarText(_ db: OpaquePointer, _ sql: String, path: String) throws(StoreError) -> String? {
+        var statement: OpaquePointer?
+        var rc = sqlite3_prepare_v2(db, sql, -1, &statement, nil)
+        guard rc == SQLITE_OK, let statement else { throw error(db, rc, "\(path): \(sql)") }
+        defer { sqlite3_finalize(statement) }
+        rc = sqlite3_step(statement)
+        if rc == SQLITE_ROW {
+            return sqlite3_column_text(statement, 0).map { String(cString: $0) }
+        }
+        if rc != SQLITE_DONE { throw error(db, rc, "\(path): \(sql)") }
+        return nil
+    }
+
+    private static func scalarInt(_ db: OpaquePointer, _ sql: String, path: String) throws(StoreError) -> Int64? {
+        var statement: OpaquePointer?
+        var rc = sqlite3_prepare_v2(db, sql, -1, &statement, nil)
+        guard rc == SQLITE_OK, let statement else { throw error(db, rc, "\(path): \(sql)") }
+        defer { sqlite3_finalize(statement) }
+        rc = sqlite3_step(statement)
+        if rc == SQLITE_ROW { return sqlite3_column_int64(statement, 0) }
+        if rc != SQLITE_DONE { throw error(db, rc, "\(path): \(sql)") }
+        return nil
+    }
+
+    // MARK: Statement helpers (call with `mutex` held)
+
+    private func fail(_ rc: Int32, _ what: String) -> StoreError {
+        Self.error(db, rc, "\(path): \(what)")
+    }
+
+    private func prepared(_ sql: String) throws(StoreError) -> OpaquePointer {
+        if let statement = statements[sql] { return statement }
+        var statement: OpaquePointer?
+        let rc = sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+        guard rc == SQLITE_OK, let statement else { throw fail(rc, "prepare \(sql)") }
+        statements[sql] = statement
+        return statement
+    }
+
+    /// Runs `sql` with `bind`, calling `row` for each result row.
+    private func run(_ sql: String, bind: (Binder) throws(StoreError) -> Void = { _ in },
+                     row: (Row) throws(StoreError) -> Void = { _ in }) throws(StoreError) {
+        let statement = try prepared(sql)
+        defer {
+            sqlite3_reset(statement)
+            sqlite3_clear_bindings(statement)
+        }
+        try bind(Binder(statement: statement, store: self, sql: sql))
+        while true {
+            let rc = sqlite3_step(statement)
+            if rc == SQLITE_DONE { return }
+            if rc != SQLITE_ROW { throw fail(rc, sql) }
+            try row(Row(statement: statement))
+        }
+    }
+
+    fileprivate struct Binder {
+        let statement: OpaquePointer
+        let store: SQLiteMetadataStore
+        let sql: String
+        private func check(_ rc: Int32) throws(StoreError) {
+            if rc != SQLITE_OK { throw store.fail(rc, "bind \(sql)") }
+        }
+        func int(_ index: Int32, _ value: Int64) throws(StoreError) {
+            try check(sqlite3_bind_int64(statement, index, value))
+        }
+        func uint(_ index: Int32, _ value: UInt64) throws(StoreError) {
+            try int(index, Int64(bitPattern: value))
+        }
+        func null(_ index: Int32) throws(StoreError) {
+            try check(sqlite3_bind_null(statement, index))
+        }
+        func text(_ index: Int32, _ value: String) throws(StoreError) {
+            try check(sqlite3_bind_text(statement, index, value, -1, sqliteTransient))
+        }
+        func blob(_ index: Int32, _ value: [UInt8]) throws(StoreError) {
+            if value.isEmpty {
+                // A nil pointer would bind NULL: bind an empty blob instead.
+                try check(sqlite3_bind_zeroblob(statement, index, 0))
+                return
+            }
+            let rc = value.withUnsafeBytes {
+                sqlite3_bind_blob(statement, index, $0.baseAddress, Int32($0.count), sqliteTransient)
+            }
+            try check(rc)
+        }
+    }
+
+    fileprivate struct Row {
+        let statement: OpaquePointer
+        func int(_ column: Int32) -> Int64 { sqlite3_column_int64(statement, column) }
+        func uint(_ column: Int32) -> UInt64 { UInt64(bitPattern: int(column)) }
+        func isNull(_ column: Int32) -> Bool { sqlite3_column_type(statement, column) == SQLITE_NULL }
+        func blob(_ column: Int32) -> [UInt8] {
+            let count = Int(sqlite3_column_bytes(statement, column))
+            guard count > 0, let base = sqlite3_column_blob(statement, column) else { return [] }
+            return [UInt8](UnsafeRawBufferPointer(start: base, count: count))
+        }
+        func withBlob<R>(_ column: Int32, _ body: (UnsafeRawBufferPointer) -> R) -> R {
+            let count = Int(sqlite3_column_bytes(statement, column))
+            guard count > 0, let base = sqlite3_column_blob(statement, column) else {
+                return body(UnsafeRawBufferPointer(start: nil, count: 0))
+            }
+            return body(UnsafeRawBufferPointer(start: base, count: count))
+        }
+        func text(_ column: Int32) -> String {
+            let count = Int(sqlite3_column_bytes(statement, column))
+            guard count > 0, let base = sqlite3_column_text(statement, column) else { return "" }
+            return String(decoding: UnsafeRawBufferPointer(start: base, count: count), as: UTF8.self)
+        }
+    }
+
+    // MARK: Row decoding
+
+    private static let nodeColumns = "ino, container, kind, mode, uid, gid, nlink, size, atime, mtime, ctime, btime, rdev, target, current_version"
+    private static let versionColumns = "id, ino, created, size, origin, device, chunks"
+
+    private func decodeNode(_ r: Row) throws(StoreError) -> NodeRecord {
+        let ino = r.uint(0)
+        guard let raw = UInt8(exactly: r.int(2)), let kind = NodeKind(rawValue: raw) else {
+            throw StoreError(errno: EIO, "\(path): node \(ino) has unknown kind \(r.int(2))")
+        }
+        return NodeRecord(ino: ino, container: r.text(1), kind: kind,
+                          mode: UInt32(truncatingIfNeeded: r.int(3)),
+                          uid: UInt32(truncatingIfNeeded: r.int(4)),
+                          gid: UInt32(truncatingIfNeeded: r.int(5)),
+                          nlink: UInt32(truncatingIfNeeded: r.int(6)),
+                          size: r.uint(7), atime: r.int(8), mtime: r.int(9), ctime: r.int(10),
+                          btime: r.int(11), rdev: r.uint(12), target: r.blob(13),
+                          currentVersion: r.isNull(14) ? nil : r.int(14))
+    }
+
+    private func decodeVersion(_ r: Row) throws(StoreError) -> VersionRecord {
+        let id = r.int(0)
+        guard let origin = VersionOrigin(rawValue: r.text(4)) else {
+            throw StoreError(errno: EIO, "\(path): version \(id) has unknown origin \(r.text(4))")
+        }
+        guard let chunks = r.withBlob(6, ChunkPacking.unpack) else {
+            throw StoreError(errno: EIO, "\(path): version \(id) has a malformed chunk list")
+        }
+        return VersionRecord(id: id, ino: r.uint(1), created: r.int(2), size: r.uint(3),
+                             chunks: chunks, origin: origin, device: r.text(5))
+    }
+
+    // MARK: MetadataStore
+
+    public func load() throws(StoreError) -> StoreSnapshot {
+        try mutex.withLock { () throws(StoreError) -> StoreSnapshot in
+            try run("BEGIN")
+            do throws(StoreError) {
+                var s = StoreSnapshot()
+                try run("SELECT \(Self.nodeColumns) FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
+                    s.nodes.append(try decodeNode(r))
+                })
+                try run("SELECT parent, name, child FROM dirents", row: { r in
+                    s.dirents.append(DirentRecord(parent: r.uint(0), name: r.blob(1), child: r.uint(2)))
+                })
+                try run("SELECT ino, name, value FROM xattrs", row: { r in
+                    s.xattrs.append(XattrRecord(ino: r.uint(0), name: r.blob(1), value: r.blob(2)))
+                })
+                try run("""
+                    SELECT identifier, bundle_identifier, name, is_public, folder_levels,
+                           registered_version, manifest_path, root_ino FROM containers ORDER BY identifier
+                    """, row: { r in
+                    s.containers.append(ContainerRecord(
+                        identifier: r.text(0), bundleIdentifier: r.text(1), name: r.text(2),
+                        isPublic: r.int(3) != 0, folderLevels: r.text(4), registeredVersion: r.text(5),
+                        manifestPath: r.text(6), rootIno: r.uint(7)))
+                })
+                try run("""
+                    SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks
+                    FROM versions v JOIN nodes n ON n.current_version = v.id ORDER BY v.id
+                    """, row: { (r) throws(StoreError) in
+                    s.currentVersions.append(try decodeVersion(r))
+                })
+                try run("SELECT key, value FROM meta", row: { r in s.meta[r.text(0)] = r.text(1) })
+                (s.maxIno, s.maxVersion) = try highWaterMarks()
+                try run("COMMIT")
+                return s
+            } catch {
+                rollbackIfNeeded()
+                throw error
+            }
+        }
+    }
+
+    public func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            if mutations.isEmpty {
+                // Nothing to write; a durable empty batch is a barrier for earlier commits.
+                if durable { try checkpoint() }
+                return
+            }
+            if durable { try run("PRAGMA synchronous=FULL") }
+            defer { if durable { try? run("PRAGMA synchronous=NORMAL") } }
+            try run("BEGIN IMMEDIATE")
+            do throws(StoreError) {
+                // Read inside the write transaction: no other connection can move them meanwhile.
+                let (maxIno, maxVersion) = try highWaterMarks()
+                var newMaxIno = maxIno
+                var newMaxVersion = maxVersion
+                for mutation in mutations {
+                    try apply(mutation, maxIno: &newMaxIno, maxVersion: &newMaxVersion)
+                }
+                if newMaxIno != maxIno {
+                    try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_ino'") { b throws(StoreError) in
+                        try b.uint(1, newMaxIno)
+                    }
+                }
+                if newMaxVersion != maxVersion {
+                    try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_version'") { b throws(StoreError) in
+                        try b.int(1, newMaxVersion)
+                    }
+                }
+                try run("COMMIT")
+            } catch {
+                rollbackIfNeeded()
+                throw error
+            }
+        }
+    }
+
+    /// (max_ino, max_version) from `store_meta`; call inside a transaction.
+    private func highWaterMarks() throws(StoreError) -> (UInt64, Int64) {
+        var ino: Int64 = 0
+        var version: Int64 = 0
+        try run("SELECT key, value FROM store_meta WHERE key IN ('max_ino', 'max_version')", row: { r in
+            if r.text(0) == "max_ino" { ino = r.int(1) } else { version = r.int(1) }
+        })
+        return (UInt64(bitPattern: ino), version)
+    }
+
+    private func checkpoint() throws(StoreError) {
+        try run("PRAGMA wal_checkpoint(PASSIVE)")
+    }
+
+    private func rollbackIfNeeded() {
+        if sqlite3_get_autocommit(db) == 0 {
+            try? run("ROLLBACK")
+            if sqlite3_get_autocommit(db) == 0 { sqlite3_exec(db, "ROLLBACK", nil, nil, nil) }
+        }
+    }
+
+    private func apply(_ mutation: Mutation, maxIno: inout UInt64, maxVersion: inout Int64) throws(StoreError) {
+        switch mutation {
+        case .putNode(let n):
+            try run("""
+                INSERT OR REPLACE INTO nodes(\(Self.nodeColumns))
+                VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+                """) { b throws(StoreError) in
+                try b.uint(1, n.ino)
+                try b.text(2, n.container)
+                try b.int(3, Int64(n.kind.rawValue))
+                try b.int(4, Int64(n.mode))
+                try b.int(5, Int64(n.uid))
+                try b.int(6, Int64(n.gid))
+                try b.int(7, Int64(n.nlink))
+                try b.uint(8, n.size)
+                try b.int(9, n.atime)
+                try b.int(10, n.mtime)
+                try b.int(11, n.ctime)
+                try b.int(12, n.btime)
+                try b.uint(13, n.rdev)
+                try b.blob(14, n.target)
+                if let v = n.currentVersion { try b.int(15, v) } else { try b.null(15) }
+            }
+            maxIno = max(maxIno, n.ino)
+        case .deleteNode(let ino):
+            for sql in ["DELETE FROM nodes WHERE ino = ?1", "DELETE FROM xattrs WHERE ino = ?1",
+                        "DELETE FROM versions WHERE ino = ?1"] {
+                try run(sql) { b throws(StoreError) in try b.uint(1, ino) }
+            }
+        case .putDirent(let d):
+            try run("INSERT OR REPLACE INTO dirents(parent, name, child) VALUES(?1, ?2, ?3)") { b throws(StoreError) in
+                try b.uint(1, d.parent)
+                try b.blob(2, d.name)
+                try b.uint(3, d.child)
+            }
+        case .deleteDirent(let parent, let name):
+            try run("DELETE FROM dirents WHERE parent = ?1 AND name = ?2") { b throws(StoreError) in
+                try b.uint(1, parent)
+                try b.blob(2, name)
+            }
+        case .putXattr(let x):
+            try run("INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES(?1, ?2, ?3)") { b throws(StoreError) in
+                try b.uint(1, x.ino)
+                try b.blob(2, x.name)
+                try b.blob(3, x.value)
+            }
+        case .deleteXattr(let ino, let name):
+            try run("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2") { b throws(StoreError) in
+                try b.uint(1, ino)
+                try b.blob(2, name)
+            }
+        case .putVersion(let v):
+            // Plain INSERT: versions are immutable, a second put of one id is an error.
+            try run("INSERT INTO versions(\(Self.versionColumns)) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)") { b throws(StoreError) in
+                try b.int(1, v.id)
+                try b.uint(2, v.ino)
+                try b.int(3, v.created)
+                try b.uint(4, v.size)
+                try b.text(5, v.origin.rawValue)
+                try b.text(6, v.device)
+                try b.blob(7, ChunkPacking.pack(v.chunks))
+            }
+            maxVersion = max(maxVersion, v.id)
+        case .putContainer(let c):
+            try run("""
+                INSERT OR REPLACE INTO containers(identifier, bundle_identifier, name, is_public,
+                    folder_levels, registered_version, manifest_path, root_ino)
+                VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                """) { b throws(StoreError) in
+                try b.text(1, c.identifier)
+                try b.text(2, c.bundleIdentifier)
+                try b.text(3, c.name)
+                try b.int(4, c.isPublic ? 1 : 0)
+                try b.text(5, c.folderLevels)
+                try b.text(6, c.registeredVersion)
+                try b.text(7, c.manifestPath)
+                try b.uint(8, c.rootIno)
+            }
+        case .setMeta(let key, let value):
+            try run("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)") { b throws(StoreError) in
+                try b.text(1, key)
+                try b.text(2, value)
+            }
+        }
+    }
+
+    public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
+        try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
+            var result: [VersionRecord] = []
+            try run("SELECT \(Self.versionColumns) FROM versions WHERE ino = ?1 ORDER BY id",
+                    bind: { b throws(StoreError) in try b.uint(1, ino) },
+                    row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
+            return result
+        }
+    }
+
+    public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
+        try mutex.withLock { () throws(StoreError) -> VersionRecord? in
+            var result: VersionRecord?
+            try run("SELECT \(Self.versionColumns) FROM versions WHERE id = ?1",
+                    bind: { b throws(StoreError) in try b.int(1, id) },
+                    row: { (r) throws(StoreError) in result = try decodeVersion(r) })
+            return result
+        }
+    }
+
+    public func capacity() -> StoreCapacity {
+        capacityOfFilesystem(at: folder)
+    }
+
+    // MARK: For tests
+
+    /// The value of a pragma (e.g. "synchronous", "journal_mode"), as text.
+    func pragma(_ name: String) throws(StoreError) -> String? {
+        try mutex.withLock { () throws(StoreError) -> String? in
+            var result: String?
+            try run("PRAGMA \(name)", row: { r in result = r.text(0) })
+            return result
+        }
+    }
+}
+
+/// statvfs of `path`'s filesystem; zeros if it fails.
+func capacityOfFilesystem(at path: String) -> StoreCapacity {
+    var st = statvfs()
+    guard retryEINTR({ statvfs(path, &st) }) == 0 else {
+        return StoreCapacity(blockSize: 0, totalBlocks: 0, freeBlocks: 0, availableBlocks: 0,
+                             totalFiles: 0, freeFiles: 0)
+    }
+    return StoreCapacity(blockSize: UInt64(st.f_frsize), totalBlocks: UInt64(st.f_blocks),
+                         freeBlocks: UInt64(st.f_bfree), availableBlocks: UInt64(st.f_bavail),
+                         totalFiles: UInt64(st.f_files), freeFiles: UInt64(st.f_ffree))
+}

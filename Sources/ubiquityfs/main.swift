@@ -1,0 +1,4 @@
+import Foundation
+import UbiquityCLI
+
+exit(runCommandLine(Array(CommandLine.arguments.dropFirst())))

@@ -1,0 +1,513 @@
+import Foundation
+import XCTest
+@testable import UbiquityStore
+
+/// The test suite every backing store must pass. Each test class (one per store kind) calls
+/// every function here with its fixture.
+enum StoreSuite {
+
+    // MARK: Metadata
+
+    static func commitLoadRoundTripOfEveryMutation(_ f: StoreFixture) throws {
+        let store = try f.open()
+        let m = store.metadata
+        let empty = try m.load()
+        XCTAssertTrue(empty.nodes.isEmpty && empty.dirents.isEmpty && empty.meta.isEmpty)
+        XCTAssertEqual(empty.maxIno, 0)
+        XCTAssertEqual(empty.maxVersion, 0)
+
+        let root = Sample.node(1, kind: .directory)
+        let file = Sample.node(2, size: UInt64(2 * chunkSize + 17), version: 10)
+        let link = Sample.node(3, kind: .symlink, target: Array("../a/b\u{0}c".utf8))
+        let device = Sample.node(UInt64.max - 1, kind: .characterDevice, rdev: 0xdead_beef_0000_0001)
+        let empty2 = Sample.node(5, version: nil)
+        let v9 = Sample.version(9, ino: 2, origin: .recovered)
+        let v10 = Sample.version(10, ino: 2)
+        let vEmpty = Sample.version(11, ino: 5, chunks: [])
+        var expected = StoreSnapshot()
+        try m.commit([
+            .putContainer(Sample.containerRecord(root: 1)),
+            .putNode(root), .putNode(file), .putNode(link), .putNode(device), .putNode(empty2),
+            .putDirent(DirentRecord(parent: 1, name: Array("file.txt".utf8), child: 2)),
+            .putDirent(DirentRecord(parent: 1, name: [0xff, 0x00, 0x41], child: 3)),
+            .putDirent(DirentRecord(parent: 1, name: Array("dev".utf8), child: UInt64.max - 1)),
+            .putXattr(XattrRecord(ino: 2, name: Array("user.color".utf8), value: [1, 2, 3])),
+            .putXattr(XattrRecord(ino: 2, name: Array("user.empty".utf8), value: [])),
+            .putXattr(XattrRecord(ino: 1, name: Array("user.x".utf8), value: [0])),
+            .putVersion(v9), .putVersion(v10), .putVersion(vEmpty),
+            .setMeta(key: "device", value: "host ✓"),
+            .setMeta(key: "empty", value: ""),
+        ], durable: false)
+        expected.nodes = [root, file, link, empty2, device]
+        expected.dirents = [DirentRecord(parent: 1, name: Array("file.txt".utf8), child: 2),
+                            DirentRecord(parent: 1, name: [0xff, 0x00, 0x41], child: 3),
+                            DirentRecord(parent: 1, name: Array("dev".utf8), child: UInt64.max - 1)]
+        expected.xattrs = [XattrRecord(ino: 2, name: Array("user.color".utf8), value: [1, 2, 3]),
+                           XattrRecord(ino: 2, name: Array("user.empty".utf8), value: []),
+                           XattrRecord(ino: 1, name: Array("user.x".utf8), value: [0])]
+        expected.containers = [Sample.containerRecord(root: 1)]
+        expected.currentVersions = [v10]
+        expected.meta = ["device": "host ✓", "empty": ""]
+        expected.maxIno = UInt64.max - 1
+        expected.maxVersion = 11
+        assertSameContent(try m.load(), expected)
+        XCTAssertEqual(try m.version(9), v9)
+        XCTAssertEqual(try m.version(11), vEmpty)
+
+        // Replace, delete and update.
+        var file2 = file
+        file2.size = 17
+        file2.currentVersion = 9
+        file2.nlink = 2
+        var container2 = Sample.containerRecord(root: 1)
+        container2.registeredVersion = "43"
+        container2.isPublic = false
+        try m.commit([
+            .putNode(file2),
+            .putDirent(DirentRecord(parent: 1, name: Array("file.txt".utf8), child: 3)),  // rename over
+            .deleteDirent(parent: 1, name: [0xff, 0x00, 0x41]),
+            .deleteDirent(parent: 1, name: Array("missing".utf8)),
+            .putXattr(XattrRecord(ino: 2, name: Array("user.color".utf8), value: [9])),
+            .deleteXattr(ino: 2, name: Array("user.empty".utf8)),
+            .putContainer(container2),
+            .setMeta(key: "device", value: "other"),
+        ], durable: false)
+        expected.nodes = [root, file2, link, empty2, device]
+        expected.dirents = [DirentRecord(parent: 1, name: Array("file.txt".utf8), child: 3),
+                            DirentRecord(parent: 1, name: Array("dev".utf8), child: UInt64.max - 1)]
+        expected.xattrs = [XattrRecord(ino: 2, name: Array("user.color".utf8), value: [9]),
+                           XattrRecord(ino: 1, name: Array("user.x".utf8), value: [0])]
+        expected.containers = [container2]
+        expected.currentVersions = [v9]
+        expected.meta["device"] = "other"
+        assertSameContent(try m.load(), expected)
+
+        // deleteNode takes the node's xattrs and versions along; dirents are the model's business.
+        try m.commit([.deleteNode(2)], durable: false)
+        expected.nodes = [root, link, empty2, device]
+        expected.xattrs = [XattrRecord(ino: 1, name: Array("user.x".utf8), value: [0])]
+        expected.currentVersions = []
+        assertSameContent(try m.load(), expected)
+        XCTAssertEqual(try m.versions(of: 2), [])
+        XCTAssertNil(try m.version(9))
+        XCTAssertNil(try m.version(10))
+        XCTAssertEqual(try m.version(11), vEmpty)
+        XCTAssertEqual(try m.versions(of: 5), [vEmpty])
+    }
+
+    static func failingMutationLeavesNothing(_ f: StoreFixture) throws {
+        let m = try f.open().metadata
+        try m.commit([.putNode(Sample.node(10)), .putVersion(Sample.version(1, ino: 10))], durable: false)
+        let before = try m.load()
+        // The last mutation violates "versions are immutable": nothing of the batch may stay.
+        assertStoreError(EIO) {
+            try m.commit([.putNode(Sample.node(11)), .setMeta(key: "k", value: "v"),
+                          .putVersion(Sample.version(2, ino: 11)),
+                          .putVersion(Sample.version(1, ino: 11)), .deleteNode(10)], durable: true)
+        }
+        let after = try m.load()
+        assertSameContent(after, before)
+        XCTAssertEqual(after.maxIno, 10)
+        XCTAssertEqual(after.maxVersion, 1)
+        XCTAssertNil(try m.version(2))
+        // And the store still works.
+        try m.commit([.putNode(Sample.node(11))], durable: false)
+        XCTAssertEqual(try m.load().nodes.map(\.ino), [10, 11])
+    }
+
+    static func failedCommitByFaultPlanAppliesNothing(_ f: StoreFixture) throws {
+        let plan = FaultPlan()
+        let m = faultInjecting(try f.open(), plan: plan).metadata
+        plan.fail(.commit, errno: ENOSPC, .nthCall(2))
+        try m.commit([.putNode(Sample.node(1)), .setMeta(key: "a", value: "1")], durable: false)
+        let error = assertStoreError(ENOSPC) {
+            try m.commit([.putNode(Sample.node(2)), .setMeta(key: "b", value: "2")], durable: true)
+        }
+        XCTAssertTrue(error?.message.contains("commit") ?? false)
+        try m.commit([.putNode(Sample.node(3))], durable: false)
+        let s = try m.load()
+        XCTAssertEqual(s.nodes.map(\.ino), [1, 3])
+        XCTAssertEqual(s.meta, ["a": "1"])
+        XCTAssertEqual(s.maxIno, 3)
+        XCTAssertEqual(plan.callCount(.commit), 3)
+        XCTAssertEqual(plan.failureCount(.commit), 1)
+    }
+
+    static func idsAreNeverReused(_ f: StoreFixture) throws {
+        do {
+            let m = try f.open().metadata
+            try m.commit([.putNode(Sample.node(5, version: 7)), .putVersion(Sample.version(7, ino: 5)),
+                          .putNode(Sample.node(3))], durable: false)
+            try m.commit([.deleteNode(5)], durable: false)
+            let s = try m.load()
+            XCTAssertEqual(s.nodes.map(\.ino), [3])
+            XCTAssertEqual(s.maxIno, 5)
+            XCTAssertEqual(s.maxVersion, 7)
+            // Smaller ids don't lower the marks.
+            try m.commit([.putNode(Sample.node(4)), .putVersion(Sample.version(2, ino: 4))], durable: false)
+            XCTAssertEqual(try m.load().maxIno, 5)
+            XCTAssertEqual(try m.load().maxVersion, 7)
+        }
+        let s = try f.open().metadata.load()  // after a reopen too
+        XCTAssertEqual(s.maxIno, 5)
+        XCTAssertEqual(s.maxVersion, 7)
+    }
+
+    static func versionsAreListedOldestFirst(_ f: StoreFixture) throws {
+        let m = try f.open().metadata
+        try m.commit([.putVersion(Sample.version(30, ino: 1))], durable: false)
+        try m.commit([.putVersion(Sample.version(4, ino: 2)), .putVersion(Sample.version(10, ino: 1))], durable: false)
+        try m.commit([.putVersion(Sample.version(20, ino: 1)), .putVersion(Sample.version(31, ino: 1))], durable: false)
+        XCTAssertEqual(try m.versions(of: 1).map(\.id), [10, 20, 30, 31])
+        XCTAssertEqual(try m.versions(of: 1), [10, 20, 30, 31].map { Sample.version($0, ino: 1) })
+        XCTAssertEqual(try m.versions(of: 2).map(\.id), [4])
+        XCTAssertEqual(try m.versions(of: 3), [])
+        XCTAssertEqual(try m.version(20), Sample.version(20, ino: 1))
+        XCTAssertNil(try m.version(99))
+        // Only current versions are in the snapshot.
+        try m.commit([.putNode(Sample.node(1, version: 20))], durable: false)
+        XCTAssertEqual(try m.load().currentVersions, [Sample.version(20, ino: 1)])
+    }
+
+    static func durableCommitAndEmptyBatches(_ f: StoreFixture) throws {
+        do {
+            let m = try f.open().metadata
+            try m.commit([], durable: false)
+            try m.commit([], durable: true)
+            try m.commit([.putNode(Sample.node(1)), .setMeta(key: "k", value: "durable")], durable: true)
+            try m.commit([.putNode(Sample.node(2))], durable: false)
+            try m.commit([], durable: true)  // a barrier for the commit before it
+            if let sqlite = m as? SQLiteMetadataStore {
+                // Back to NORMAL (1) after the durable transaction; WAL mode.
+                XCTAssertEqual(try sqlite.pragma("synchronous"), "1")
+                XCTAssertEqual(try sqlite.pragma("journal_mode"), "wal")
+            }
+            if let memory = m as? MemoryMetadataStore {
+                XCTAssertEqual(memory.commitCounts.all, 5)  // empty batches count: they are barriers
+                XCTAssertEqual(memory.commitCounts.durable, 3)
+            }
+        }
+        let s = try f.open().metadata.load()
+        XCTAssertEqual(s.nodes.map(\.ino), [1, 2])
+        XCTAssertEqual(s.meta["k"], "durable")
+    }
+
+    static func reopenKeepsData(_ f: StoreFixture) throws {
+        let first: StoreSnapshot
+        let ref: ChunkRef
+        let content = Sample.bytes(10_000, seed: 1)
+        do {
+            let store = try f.open()
+            ref = try writeBlob(store.blobs, content)
+            try store.blobs.syncAll()
+            try store.metadata.commit([
+                .putContainer(Sample.containerRecord(root: 1)),
+                .putNode(Sample.node(1, kind: .directory)),
+                .putNode(Sample.node(2, size: 10_000, version: 1)),
+                .putDirent(DirentRecord(parent: 1, name: Array("a".utf8), child: 2)),
+                .putXattr(XattrRecord(ino: 2, name: Array("user.k".utf8), value: [7])),
+                .putVersion(Sample.version(1, ino: 2, chunks: [ref])),
+                .setMeta(key: "m", value: "v"),
+            ], durable: false)
+            first = try store.metadata.load()
+        }
+        let store = try f.open()
+        assertSameContent(try store.metadata.load(), first)
+        XCTAssertEqual(try readBlob(store.blobs, ref.blob, count: 20_000), content)
+        XCTAssertTrue(store.blobs.verify(ref))
+        XCTAssertEqual(try store.metadata.versions(of: 2).first?.chunks, [ref])
+    }
+
+    static func concurrentCommitsAndReads(_ f: StoreFixture) throws {
+        let m = try f.open().metadata
+        let failures = Counter()
+        DispatchQueue.concurrentPerform(iterations: 8) { thread in
+            for i in 0..<40 {
+                let ino = InodeNumber(thread * 1000 + i + 1)
+                do {
+                    try m.commit([.putNode(Sample.node(ino)),
+                                  .putVersion(Sample.version(VersionID(ino), ino: ino))], durable: i % 10 == 0)
+                    if try m.version(VersionID(ino))?.ino != ino { failures.add() }
+                    if i % 8 == 0 { _ = try m.load() }
+                } catch {
+                    failures.add()
+                }
+            }
+        }
+        XCTAssertEqual(failures.count, 0)
+        let s = try m.load()
+        XCTAssertEqual(s.nodes.count, 320)
+        XCTAssertEqual(s.maxIno, 7040)
+        XCTAssertEqual(s.maxVersion, 7040)
+    }
+
+    static func capacityIsReported(_ f: StoreFixture) throws {
+        let c = try f.open().metadata.capacity()
+        XCTAssertGreaterThan(c.blockSize, 0)
+        XCTAssertGreaterThan(c.totalBlocks, 0)
+        XCTAssertLessThanOrEqual(c.availableBlocks, c.freeBlocks)
+        XCTAssertLessThanOrEqual(c.freeBlocks, c.totalBlocks)
+    }
+
+    // MARK: Blobs
+
+    static func blobWriteReadPartialVerifyDelete(_ f: StoreFixture) throws {
+        let blobs = try f.open().blobs
+        let small = Sample.bytes(1000, seed: 2)
+        let full = Sample.bytes(chunkSize, seed: 3)
+        let a = try writeBlob(blobs, small)
+        let b = try writeBlob(blobs, full, durable: true)
+        let e = try writeBlob(blobs, [])
+        for ref in [a, b, e] { XCTAssertNotEqual(ref.blob, 0) }
+        XCTAssertEqual(Set([a.blob, b.blob, e.blob]).count, 3)
+        XCTAssertEqual(a.length, 1000)
+        XCTAssertEqual(b.length, UInt32(chunkSize))
+        XCTAssertEqual(e.length, 0)
+        XCTAssertEqual(a.checksum, small.withUnsafeBytes { contentChecksum($0) })
+
+        XCTAssertEqual(try readBlob(blobs, a.blob, count: 1000), small)
+        XCTAssertEqual(try readBlob(blobs, a.blob, count: 4096), small)           // short at the end
+        XCTAssertEqual(try readBlob(blobs, a.blob, at: 100, count: 50), Array(small[100..<150]))
+        XCTAssertEqual(try readBlob(blobs, a.blob, at: 990, count: 50), Array(small[990...]))
+        XCTAssertEqual(try readBlob(blobs, a.blob, at: 1000, count: 50), [])
+        XCTAssertEqual(try readBlob(blobs, a.blob, at: 5000, count: 50), [])
+        XCTAssertEqual(try readBlob(blobs, b.blob, count: chunkSize), full)
+        XCTAssertEqual(try readBlob(blobs, b.blob, at: chunkSize - 3, count: 10), Array(full[(chunkSize - 3)...]))
+        XCTAssertEqual(try readBlob(blobs, e.blob, count: 10), [])
+        XCTAssertEqual(try readBlob(blobs, 0, count: 10), [])                      // the hole
+        assertStoreError(EINVAL) { try readBlob(blobs, a.blob, at: -1, count: 1) }
+
+        for ref in [a, b, e, .hole] { XCTAssertTrue(blobs.verify(ref)) }
+        XCTAssertFalse(blobs.verify(ChunkRef(blob: a.blob, length: a.length, checksum: a.checksum ^ 1)))
+        XCTAssertFalse(blobs.verify(ChunkRef(blob: a.blob, length: a.length + 1, checksum: a.checksum)))
+
+        try blobs.delete(a.blob)
+        try blobs.delete(a.blob)  // deleting twice is fine
+        XCTAssertFalse(blobs.verify(a))
+        assertStoreError(ENOENT) { try readBlob(blobs, a.blob, count: 10) }
+        XCTAssertEqual(try readBlob(blobs, b.blob, at: 7, count: 3), Array(full[7..<10]))
+
+        let tooBig = [UInt8](repeating: 1, count: chunkSize + 1)
+        assertStoreError(EINVAL) { try writeBlob(blobs, tooBig) }
+        try blobs.syncAll()
+    }
+
+    static func corruptBlobFailsVerify(_ f: StoreFixture) throws {
+        let store = try f.open()
+        let ref = try writeBlob(store.blobs, Sample.bytes(5000, seed: 4))
+        _ = try readBlob(store.blobs, ref.blob, count: 10)  // cached fd: verify must not trust it
+        XCTAssertTrue(store.blobs.verify(ref))
+        try f.corrupt(ref, in: store)
+        XCTAssertFalse(store.blobs.verify(ref))
+    }
+
+    static func concurrentReadsOfManyBlobs(_ f: StoreFixture, blobs blobStore: (any BlobStore)? = nil,
+                                           count: Int = 300) throws {
+        let blobs = try blobStore ?? f.open().blobs
+        var refs: [ChunkRef] = []
+        for i in 0..<count {
+            refs.append(try writeBlob(blobs, Sample.bytes(512 + i % 7 * 100, seed: UInt64(i + 100))))
+        }
+        let frozen = refs
+        let contents = (0..<count).map { i in Sample.bytes(512 + i % 7 * 100, seed: UInt64(i + 100)) }
+        let failures = Counter()
+        let reads = Counter()
+        DispatchQueue.concurrentPerform(iterations: 8) { thread in
+            var rng = UInt64(thread + 1) &* 0x2545_f491_4f6c_dd1d
+            for _ in 0..<1500 {
+                rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17
+                let i = Int(rng % UInt64(frozen.count))
+                let expected = contents[i]
+                let offset = Int((rng >> 20) % 400)
+                do {
+                    let got = try readBlob(blobs, frozen[i].blob, at: offset, count: 64)
+                    if got != Array(expected[offset..<(offset + 64)]) { failures.add() }
+                } catch {
+                    failures.add()
+                }
+                reads.add()
+            }
+        }
+        XCTAssertEqual(reads.count, 8 * 1500)
+        XCTAssertEqual(failures.count, 0)
+        for ref in frozen.prefix(20) { XCTAssertTrue(blobs.verify(ref)) }
+    }
+
+    // MARK: Work area
+
+    static func workFileReadWriteTruncateMark(_ f: StoreFixture) throws {
+        let work = try f.open().work
+        let file = try work.create(ino: 42)
+        XCTAssertEqual(file.ino, 42)
+        XCTAssertEqual(try readWork(file, at: 0, count: 10), [])  // empty, size 0
+        let hello = Array("hello, world".utf8)
+        try writeWork(file, hello, at: 0)
+        let far = Sample.bytes(3000, seed: 5)
+        try writeWork(file, far, at: chunkSize + 10)                  // sparse gap in between
+        try file.markDirty(0)
+        try file.markDirty(1)
+        try file.markDirty(1)
+        XCTAssertEqual(try readWork(file, at: 0, count: 12), hello)
+        XCTAssertEqual(try readWork(file, at: 7, count: 5), Array("world".utf8))
+        XCTAssertEqual(try readWork(file, at: 100, count: 4), [0, 0, 0, 0])
+        XCTAssertEqual(try readWork(file, at: chunkSize + 10, count: 3000), far)
+        XCTAssertEqual(try readWork(file, at: chunkSize + 3000, count: 100), Array(far[2990...]))  // short
+        XCTAssertEqual(try readWork(file, at: chunkSize + 3010, count: 100), [])                 // at the end
+
+        try file.truncate(to: 5)
+        XCTAssertEqual(try readWork(file, at: 0, count: 100), Array("hello".utf8))
+        try file.truncate(to: 10)                                     // grows with zeros
+        XCTAssertEqual(try readWork(file, at: 0, count: 100), Array("hello".utf8) + [0, 0, 0, 0, 0])
+        try file.setBase(7, size: UInt64(3 * chunkSize))
+        XCTAssertEqual(try readWork(file, at: 3 * chunkSize - 2, count: 10), [0, 0])
+        try file.sync()
+        assertStoreError(EINVAL) { try file.markDirty(-1) }
+        assertStoreError(EINVAL) { try file.truncate(to: -1) }
+
+        let recovered = try work.leftovers().first { $0.ino == 42 }
+        XCTAssertEqual(recovered?.base, 7)
+        XCTAssertEqual(recovered?.size, UInt64(3 * chunkSize))
+        XCTAssertEqual(recovered?.dirtyChunks, [0, 1])
+        file.remove()
+        XCTAssertTrue(try work.leftovers().isEmpty)
+    }
+
+    static func leftoversAfterCrash(_ f: StoreFixture) throws {
+        let a = Sample.bytes(5000, seed: 6)
+        let b = Sample.bytes(100, seed: 7)
+        do {
+            let work = try f.open().work
+            let one = try work.create(ino: 1)
+            try one.setBase(nil, size: 0)
+            try writeWork(one, a, at: 0)
+            try one.markDirty(0)
+            try one.sync()
+            let two = try work.create(ino: 2)
+            try two.setBase(17, size: UInt64(4 * chunkSize))
+            try writeWork(two, b, at: 2 * chunkSize + 5)
+            try two.markDirty(2)
+            try two.markDirty(9)  // beyond the end: not reported
+            let three = try work.create(ino: 3)
+            try writeWork(three, b, at: 0)
+            three.remove()        // published and removed: not a leftover
+            // "Crash": drop everything without remove().
+        }
+        let work = try f.open().work
+        let found = try work.leftovers().sorted { $0.ino < $1.ino }
+        XCTAssertEqual(found.map(\.ino), [1, 2])
+        guard found.count == 2 else { return }
+        XCTAssertNil(found[0].base)
+        XCTAssertEqual(found[0].size, 5000)
+        XCTAssertEqual(found[0].dirtyChunks, [0])
+        XCTAssertEqual(try readWork(found[0].file, at: 0, count: 6000), a)
+        XCTAssertEqual(found[1].base, 17)
+        XCTAssertEqual(found[1].size, UInt64(4 * chunkSize))
+        XCTAssertEqual(found[1].dirtyChunks, [2])
+        XCTAssertEqual(try readWork(found[1].file, at: 2 * chunkSize + 5, count: 100), b)
+        // The recovered file is usable, and remove() finishes it.
+        try writeWork(found[1].file, [1], at: 0)
+        try found[1].file.markDirty(0)
+        XCTAssertEqual(try work.leftovers().first { $0.ino == 2 }?.dirtyChunks, [0, 2])
+        for w in found { w.file.remove() }
+        XCTAssertTrue(try work.leftovers().isEmpty)
+    }
+
+    static func createReplacesAndStaleRemoveIsHarmless(_ f: StoreFixture) throws {
+        let work = try f.open().work
+        let old = try work.create(ino: 8)
+        try writeWork(old, [1, 2, 3], at: 0)
+        try old.markDirty(0)
+        try old.setBase(3, size: 3)
+        let new = try work.create(ino: 8)
+        XCTAssertEqual(try readWork(new, at: 0, count: 10), [])
+        let left = try work.leftovers()
+        XCTAssertEqual(left.count, 1)
+        XCTAssertNil(left.first?.base)
+        XCTAssertEqual(left.first?.dirtyChunks, [])
+        XCTAssertEqual(left.first?.size, 0)
+        old.remove()  // must not remove the new working copy
+        XCTAssertEqual(try work.leftovers().map(\.ino), [8])
+        new.remove()
+        XCTAssertTrue(try work.leftovers().isEmpty)
+    }
+
+    // MARK: Fault plan
+
+    static func faultPlanTriggers(_ f: StoreFixture) throws {
+        let plan = FaultPlan()
+        let store = faultInjecting(try f.open(), plan: plan)
+        let bytes = Sample.bytes(100, seed: 8)
+
+        // nthCall: only that one.
+        plan.fail(.blobWrite, errno: EIO, .nthCall(2))
+        let first = try writeBlob(store.blobs, bytes)
+        assertStoreError(EIO) { try writeBlob(store.blobs, bytes) }
+        _ = try writeBlob(store.blobs, bytes)
+        XCTAssertEqual(plan.callCount(.blobWrite), 3)
+        XCTAssertEqual(plan.failureCount(.blobWrite), 1)
+
+        // nextCalls: the next N.
+        plan.fail(.blobRead, errno: EAGAIN, .nextCalls(2))
+        assertStoreError(EAGAIN) { try readBlob(store.blobs, first.blob, count: 10) }
+        assertStoreError(EAGAIN) { try readBlob(store.blobs, first.blob, count: 10) }
+        XCTAssertEqual(try readBlob(store.blobs, first.blob, count: 100), bytes)
+
+        // fromNthCall: that one and every later.
+        plan.fail(.syncAll, errno: ENOSPC, .fromNthCall(2))
+        try store.blobs.syncAll()
+        assertStoreError(ENOSPC) { try store.blobs.syncAll() }
+        assertStoreError(ENOSPC) { try store.blobs.syncAll() }
+        plan.clear(.syncAll)
+        try store.blobs.syncAll()
+
+        // always, on the work area and work files; verify faults read as "bad blob".
+        plan.fail(.workCreate, errno: EMFILE)
+        assertStoreError(EMFILE) { try store.work.create(ino: 1) }
+        plan.clear(.workCreate)
+        let file = try store.work.create(ino: 1)
+        plan.fail(.workWrite, errno: ENOSPC)
+        plan.fail(.workSync, errno: EIO)
+        plan.fail(.workMarkDirty, errno: EROFS)
+        assertStoreError(ENOSPC) { try writeWork(file, [1], at: 0) }
+        assertStoreError(EIO) { try file.sync() }
+        assertStoreError(EROFS) { try file.markDirty(0) }
+        XCTAssertEqual(try readWork(file, at: 0, count: 1), [])  // the failed write wrote nothing
+        plan.fail(.blobVerify, errno: EIO, .nthCall(1))
+        XCTAssertFalse(store.blobs.verify(first))
+        XCTAssertTrue(store.blobs.verify(first))
+        plan.fail(.workLeftovers, errno: EIO)
+        assertStoreError(EIO) { try store.work.leftovers() }
+        plan.clearAll()
+        let left = try store.work.leftovers()
+        XCTAssertEqual(left.map(\.ino), [1])
+        XCTAssertTrue(left.first?.file is FaultInjectingWorkFile)
+        plan.fail(.workRead, errno: EIO)
+        assertStoreError(EIO) { try readWork(left[0].file, at: 0, count: 1) }
+        plan.clearAll()
+        file.remove()
+        XCTAssertTrue(try store.work.leftovers().isEmpty)
+
+        // Metadata reads.
+        plan.fail(.load, errno: EIO, .nthCall(1))
+        assertStoreError(EIO) { try store.metadata.load() }
+        _ = try store.metadata.load()
+        plan.fail(.versions, errno: EIO)
+        plan.fail(.version, errno: EIO)
+        assertStoreError(EIO) { try store.metadata.versions(of: 1) }
+        assertStoreError(EIO) { try store.metadata.version(1) }
+        XCTAssertEqual(Set(FaultOperation.allCases.map(\.rawValue)).count, FaultOperation.allCases.count)
+    }
+
+    static func failedBlobWriteStoresNothing(_ f: StoreFixture) throws {
+        let plan = FaultPlan()
+        let inner = try f.open()
+        let store = faultInjecting(inner, plan: plan)
+        plan.fail(.blobWrite, errno: ENOSPC)
+        assertStoreError(ENOSPC) { try writeBlob(store.blobs, [1, 2, 3]) }
+        if let memory = inner.blobs as? MemoryBlobStore { XCTAssertTrue(memory.blobIDs.isEmpty) }
+        if let fixture = f as? EmbeddedFixture {
+            let names = try FileManager.default.subpathsOfDirectory(atPath: fixture.directory + "/blobs")
+            XCTAssertFalse(names.contains { $0.count == 19 })  // "XX/<16 hex>"
+        }
+    }
+}

@@ -1,0 +1,221 @@
+import Foundation
+import XCTest
+@testable import UbiquityStore
+
+/// The shared suite on the embedded store (SQLite + local files), plus what only it has.
+final class EmbeddedStoreTests: XCTestCase {
+    private var fixture: EmbeddedFixture!
+
+    override func setUpWithError() throws {
+        fixture = try EmbeddedFixture()
+    }
+
+    override func tearDown() {
+        fixture?.remove()  // runs after a failing test too
+        fixture = nil
+        super.tearDown()
+    }
+
+    func testCommitLoadRoundTripOfEveryMutation() throws { try StoreSuite.commitLoadRoundTripOfEveryMutation(fixture) }
+    func testFailingMutationLeavesNothing() throws { try StoreSuite.failingMutationLeavesNothing(fixture) }
+    func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
+    func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
+    func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
+    func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
+    func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
+    func testCapacityIsReported() throws { try StoreSuite.capacityIsReported(fixture) }
+    func testBlobWriteReadPartialVerifyDelete() throws { try StoreSuite.blobWriteReadPartialVerifyDelete(fixture) }
+    func testCorruptBlobFailsVerify() throws { try StoreSuite.corruptBlobFailsVerify(fixture) }
+    func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
+    func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
+    func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
+    func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
+    func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
+
+    // MARK: Embedded only
+
+    func testSecondOpenFailsWithEBUSYUntilTheFirstIsGone() throws {
+        do {
+            let store = try fixture.open()
+            let error = assertStoreError(EBUSY) { try openEmbeddedStore(directory: fixture.directory) }
+            XCTAssertTrue(error?.message.contains("is in use by another ubiquityfs (pid \(getpid()))") ?? false,
+                          error?.message ?? "")
+            // Any one part keeps the lock.
+            let work = store.work
+            _ = store
+            _ = withExtendedLifetime(work) {
+                assertStoreError(EBUSY) { try openEmbeddedStore(directory: fixture.directory) }
+            }
+        }
+        _ = try fixture.open()
+    }
+
+    func testFolderLayout() throws {
+        let nested = fixture.directory + "/a/b/store"
+        let store = try openEmbeddedStore(directory: nested + "/")
+        _ = store
+        let fm = FileManager.default
+        for name in ["lock", "metadata.sqlite3", "blobs", "blobs/00", "blobs/ff", "blobs/7a", "work"] {
+            XCTAssertTrue(fm.fileExists(atPath: nested + "/" + name), name)
+        }
+        let mode = try fm.attributesOfItem(atPath: nested)[.posixPermissions] as? Int
+        XCTAssertEqual(mode, 0o700)
+        let ref = try writeBlob(store.blobs, [1, 2, 3])
+        let expected = String(format: "%@/blobs/%02x/%016llx", nested, UInt32(ref.blob & 0xff), ref.blob)
+        XCTAssertEqual((store.blobs as? LocalBlobStore)?.path(of: ref.blob), expected)
+        XCTAssertTrue(fm.fileExists(atPath: expected))
+        XCTAssertEqual(try fm.contentsOfDirectory(atPath: nested + "/blobs/.tmp"), [])
+        let file = try store.work.create(ino: 77)
+        XCTAssertTrue(fm.fileExists(atPath: nested + "/work/77.data"))
+        XCTAssertTrue(fm.fileExists(atPath: nested + "/work/77.map"))
+        file.remove()
+        XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.data"))
+        XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.map"))
+    }
+
+    func testSmallFDCacheEvictsUnderConcurrentReads() throws {
+        let blobs = try LocalBlobStore(directory: fixture.directory, fdCacheCapacity: 8)
+        try StoreSuite.concurrentReadsOfManyBlobs(fixture, blobs: blobs, count: 64)
+        XCTAssertLessThanOrEqual(blobs.cachedFDCount, 8)
+        XCTAssertGreaterThan(blobs.cachedFDCount, 0)
+    }
+
+    func testMalformedLeftoversAreRemoved() throws {
+        let work = fixture.directory + "/work"
+        do {
+            let area = try LocalWorkArea(directory: fixture.directory)
+            let good = try area.create(ino: 5)
+            try good.setBase(3, size: 10)
+            try good.markDirty(0)
+            _ = try area.create(ino: 6)  // will lose its map
+        }
+        let fm = FileManager.default
+        try fm.removeItem(atPath: work + "/6.map")
+        XCTAssertTrue(fm.createFile(atPath: work + "/7.data", contents: Data()))
+        XCTAssertTrue(fm.createFile(atPath: work + "/7.map", contents: Data("not a map".utf8)))
+        XCTAssertTrue(fm.createFile(atPath: work + "/8.data", contents: Data()))
+        XCTAssertTrue(fm.createFile(atPath: work + "/8.map", contents: Data("UBQWMAP1".utf8) + Data(count: 8)))
+        XCTAssertTrue(fm.createFile(atPath: work + "/junk.tmp", contents: Data([1])))
+        XCTAssertTrue(fm.createFile(atPath: work + "/007.data", contents: Data()))
+
+        let found = try LocalWorkArea(directory: fixture.directory).leftovers()
+        XCTAssertEqual(found.map(\.ino), [5])
+        XCTAssertEqual(found.first?.base, 3)
+        XCTAssertEqual(found.first?.size, 10)
+        XCTAssertEqual(found.first?.dirtyChunks, [0])
+        XCTAssertEqual(try fm.contentsOfDirectory(atPath: work).sorted(), ["5.data", "5.map"])
+    }
+
+    func testStandalonePartsAndReopen() throws {
+        let path = fixture.directory + "/meta.db"
+        try FileManager.default.createDirectory(atPath: fixture.directory, withIntermediateDirectories: true)
+        do {
+            let m = try SQLiteMetadataStore(path: path)
+            try m.commit([.putNode(Sample.node(9)), .putVersion(Sample.version(4, ino: 9))], durable: true)
+        }
+        let m = try SQLiteMetadataStore(path: path)
+        let s = try m.load()
+        XCTAssertEqual(s.nodes, [Sample.node(9)])
+        XCTAssertEqual(s.maxIno, 9)
+        XCTAssertEqual(try m.versions(of: 9), [Sample.version(4, ino: 9)])
+        assertStoreError(EIO) { try SQLiteMetadataStore(path: fixture.directory + "/no/such/dir/x.db") }
+    }
+
+    func testSQLiteErrorsMapToErrno() {
+        XCTAssertEqual(errnoForSQLite(13 /* SQLITE_FULL */), ENOSPC)
+        XCTAssertEqual(errnoForSQLite(10 /* SQLITE_IOERR */), EIO)
+        XCTAssertEqual(errnoForSQLite(10 | (3 << 8) /* SQLITE_IOERR_WRITE */), EIO)
+        XCTAssertEqual(errnoForSQLite(19 /* SQLITE_CONSTRAINT */), EIO)
+        XCTAssertEqual(errnoForSQLite(5 /* SQLITE_BUSY */), EIO)
+    }
+
+    func testChunkListPackingIsLittleEndian20BytesEach() {
+        let chunks = [ChunkRef(blob: 0x0102_0304_0506_0708, length: 0x0a0b_0c0d, checksum: 0x1112_1314_1516_1718), .hole]
+        let packed = ChunkPacking.pack(chunks)
+        XCTAssertEqual(packed.count, 40)
+        XCTAssertEqual(Array(packed[0..<20]), [8, 7, 6, 5, 4, 3, 2, 1, 0x0d, 0x0c, 0x0b, 0x0a,
+                                               0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11])
+        XCTAssertEqual(packed.withUnsafeBytes { ChunkPacking.unpack($0) }, chunks)
+        XCTAssertNil([UInt8](repeating: 0, count: 21).withUnsafeBytes { ChunkPacking.unpack($0) })
+    }
+}
+
+/// The shared suite on the in-memory store, plus its power-cut simulation.
+final class MemoryStoreTests: XCTestCase {
+    private var fixture: MemoryFixture!
+
+    override func setUp() {
+        fixture = MemoryFixture()
+    }
+
+    override func tearDown() {
+        fixture = nil
+        super.tearDown()
+    }
+
+    func testCommitLoadRoundTripOfEveryMutation() throws { try StoreSuite.commitLoadRoundTripOfEveryMutation(fixture) }
+    func testFailingMutationLeavesNothing() throws { try StoreSuite.failingMutationLeavesNothing(fixture) }
+    func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
+    func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
+    func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
+    func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
+    func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
+    func testCapacityIsReported() throws { try StoreSuite.capacityIsReported(fixture) }
+    func testBlobWriteReadPartialVerifyDelete() throws { try StoreSuite.blobWriteReadPartialVerifyDelete(fixture) }
+    func testCorruptBlobFailsVerify() throws { try StoreSuite.corruptBlobFailsVerify(fixture) }
+    func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
+    func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
+    func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
+    func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
+    func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
+
+    // MARK: Memory only
+
+    func testSimulatedPowerCutKeepsOnlyWhatWasMadeDurable() throws {
+        let store = fixture.store
+        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
+        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
+        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+
+        try metadata.commit([.putNode(Sample.node(1))], durable: true)
+        try metadata.commit([.putNode(Sample.node(2))], durable: false)
+        let durable = try writeBlob(blobs, [1], durable: true)
+        let synced = try writeBlob(blobs, [2])
+        try blobs.syncAll()
+        let lost = try writeBlob(blobs, [3])
+        let kept = try work.create(ino: 1)
+        try writeWork(kept, [1, 2], at: 0)
+        try kept.markDirty(0)
+        try kept.sync()
+        try writeWork(kept, [9, 9, 9], at: 0)  // after the sync: lost
+        let gone = try work.create(ino: 2)
+        try writeWork(gone, [1], at: 0)
+
+        metadata.simulatePowerCut()
+        blobs.simulatePowerCut()
+        work.simulatePowerCut()
+
+        XCTAssertEqual(try metadata.load().nodes.map(\.ino), [1])
+        XCTAssertEqual(try metadata.load().maxIno, 1)
+        XCTAssertEqual(blobs.blobIDs, [durable.blob, synced.blob])
+        XCTAssertFalse(blobs.verify(lost))
+        let left = try work.leftovers()
+        XCTAssertEqual(left.map(\.ino), [1])
+        XCTAssertEqual(left.first?.dirtyChunks, [0])
+        XCTAssertEqual(try readWork(kept, at: 0, count: 10), [1, 2])
+    }
+
+    func testDroppedAreaDoesNotLeakOrCrash() throws {
+        var file: (any WorkFile)?
+        do {
+            let area = MemoryWorkArea()
+            file = try area.create(ino: 3)
+        }
+        file?.remove()  // its area is gone: a no-op
+        try writeWork(try XCTUnwrap(file), [1], at: 0)
+    }
+}
