@@ -181,7 +181,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let signal = session.run()
     publisher.stop()
     log(signal == 0 ? "unmounted; publishing pending work" : "signal \(signal); publishing pending work and unmounting")
-    let failures = fs.publishAll()
+    let failures = fs.stop()
     session.close()
     try? FileManager.default.removeItem(atPath: pidFile)
     log(failures.isEmpty ? "stopped cleanly" : "stopped; \(failures.count) working copies kept for recovery")

@@ -39,6 +39,10 @@ final class Document: @unchecked Sendable {
     private var publishedSeq: UInt64 = 0
     /// Monotonic time of the last change, for idle publishing.
     private var lastChange: UInt64 = 0
+    /// Bytes stored for the base version (holes excluded) and chunks in the working copy: an
+    /// estimate of st_blocks that keeps sparse files sparse while they are open.
+    private var baseAllocated: UInt64 = 0
+    private var dirtyCount = 0
 
     struct Stat {
         var size: UInt64
@@ -46,10 +50,12 @@ final class Document: @unchecked Sendable {
         var ctime: Int64
         var lastChange: UInt64
         var unpublished: Bool
+        var allocated: UInt64
     }
 
     func stat() -> Stat {
-        statLock.withLock { Stat(size: size, mtime: mtime, ctime: ctime, lastChange: lastChange, unpublished: writeSeq != publishedSeq) }
+        statLock.withLock { Stat(size: size, mtime: mtime, ctime: ctime, lastChange: lastChange, unpublished: writeSeq != publishedSeq,
+                                  allocated: min(size, baseAllocated + UInt64(dirtyCount) * UInt64(chunkSize))) }
     }
 
     /// Times set by setattr while the file is open (they win over the write that came before).
@@ -71,6 +77,7 @@ final class Document: @unchecked Sendable {
         size = node.size
         mtime = node.mtime
         ctime = node.ctime
+        baseAllocated = allocatedBytes(chunks)
     }
 
     /// A working copy left by a crashed daemon, being turned into a version.
@@ -157,6 +164,8 @@ final class Document: @unchecked Sendable {
                 }
                 dirty = dirty.filter { $0 < keep }
                 if base.count > keep { base.removeSubrange(keep...) }
+                let allocated = allocatedBytes(base)
+                statLock.withLock { baseAllocated = allocated; dirtyCount = dirty.count }
             }
             try ensureWork()
             try work!.truncate(to: Int(newSize))
@@ -212,6 +221,7 @@ final class Document: @unchecked Sendable {
         }
         try work!.markDirty(index)
         dirty.insert(index)
+        statLock.withLock { dirtyCount = dirty.count }
     }
 
     // MARK: publishing
@@ -258,7 +268,8 @@ final class Document: @unchecked Sendable {
             dirty = []
             work?.remove()
             work = nil
-            statLock.withLock { publishedSeq = writeSeq }
+            let allocated = allocatedBytes(chunks)
+            statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
         }
     }
 
@@ -297,4 +308,8 @@ func monotonicNanoseconds() -> UInt64 {
     var ts = timespec()
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
+
+func allocatedBytes(_ chunks: [ChunkRef]) -> UInt64 {
+    chunks.reduce(0) { $0 + ($1.isHole ? 0 : UInt64($1.length)) }
 }

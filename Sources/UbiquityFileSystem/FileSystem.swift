@@ -61,8 +61,16 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         state = Namespace(snapshot: try snapshot ?? store.metadata.load())
         try register(containers)
         try removeOrphans()
+        try verifyAfterUncleanStop()
         try recoverWorkingCopies()
+        try collectGarbage()
+        try mutate { s in s.add(.setMeta(key: Self.runningKey, value: "1")) }
     }
+
+    static let runningKey = "running"
+    static let syncedKey = "synced-version"
+    private let syncLock = Lock()
+    private var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
 
     // MARK: - registration and recovery
 
@@ -103,6 +111,55 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try mutate { s in
             for (ino, n) in s.base.nodes where n.nlink == 0 { s.add(.deleteNode(ino)) }
         }
+    }
+
+    /// After a power cut, a version published without fsync may name blobs that never reached
+    /// the disk (blobs are written without fsync; see docs/ARCHITECTURE.md). Versions newer than
+    /// the last full sync are checked against their checksums; a file whose current version is
+    /// damaged goes back to its newest whole version. Nothing is checked after a clean stop.
+    private func verifyAfterUncleanStop() throws {
+        let (running, synced, nodes) = ns.read {
+            (state.meta[Self.runningKey] == "1", VersionID(state.meta[Self.syncedKey] ?? "0") ?? 0,
+             state.nodes.values.filter { $0.kind == .regular && ($0.currentVersion ?? 0) > 0 })
+        }
+        guard running else { return }
+        for n in nodes {
+            guard let current = n.currentVersion, current > synced else { continue }
+            let chunks = ns.read { state.chunks[n.ino] ?? [] }
+            if chunks.allSatisfy({ store.blobs.verify($0) }) { continue }
+            let older = try store.metadata.versions(of: n.ino).filter { $0.id < current }.reversed()
+            let good = older.first { $0.chunks.allSatisfy { store.blobs.verify($0) } }
+            try mutate { s in
+                guard var node = s.node(n.ino) else { return }
+                node.currentVersion = good?.id
+                node.size = good?.size ?? 0
+                s.put(node)
+            }
+            ns.write { state.chunks[n.ino] = good?.chunks }
+            log("inode \(n.ino): version \(current) did not reach the disk before the daemon stopped; "
+                + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
+        }
+    }
+
+    /// Delete blobs no version refers to (deleted files, failed publishes). Runs at start-up,
+    /// before any publish can be in flight.
+    private func collectGarbage() throws {
+        let referenced = try store.metadata.referencedBlobs()
+        var freed = 0
+        for blob in try store.blobs.allBlobs() where !referenced.contains(blob) {
+            try store.blobs.delete(blob)
+            freed += 1
+        }
+        if freed > 0 { log("freed \(freed) unreferenced content chunks") }
+    }
+
+    /// Make everything published so far durable and record it, so that verification after a
+    /// power cut only checks what came later.
+    private func syncPublished() throws {
+        let upTo = ns.read { state.maxVersion }
+        try store.blobs.syncAll()
+        try mutate(durable: true) { s in s.add(.setMeta(key: Self.syncedKey, value: String(upTo))) }
+        syncLock.withLock { lastSync = monotonicNanoseconds() }
     }
 
     private func recoverWorkingCopies() throws {
@@ -265,9 +322,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             size = st.size
             mtime = max(st.mtime, n.mtime)
             ctime = max(st.ctime, n.ctime)
-            allocated = size
+            allocated = st.allocated
         } else {
-            allocated = (state.chunks[n.ino] ?? []).reduce(0) { $0 + UInt64($1.length) }
+            allocated = allocatedBytes(state.chunks[n.ino] ?? [])
         }
         switch n.kind {
         case .directory: size = 4096; allocated = 4096
@@ -570,7 +627,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if flags.contains(.exchange), let d = dst { try checkLevels(moving: d, into: from) }
 
             let now = nowNanoseconds()
-            var parents: [InodeNumber: NodeRecord] = [from.ino: from, to.ino: to]
+            var parents: [InodeNumber: NodeRecord] = [from.ino: from]
+            parents[to.ino] = to
             if flags.contains(.exchange), var d = dst {
                 s.add(.putDirent(DirentRecord(parent: from.ino, name: name, child: d.ino)))
                 s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
@@ -823,6 +881,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         where doc.hasUnpublishedChanges && now &- doc.stat().lastChange >= idlePublishNanoseconds {
             do { try publish(doc, durable: false) } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
         }
+        // Every 30 s, one syncfs makes all versions published since durable.
+        let due = syncLock.withLock { now &- lastSync >= 30_000_000_000 }
+        let unsynced = ns.read { String(state.maxVersion) != (state.meta[Self.syncedKey] ?? "0") }
+        if due && unsynced {
+            do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
+        }
     }
 
     /// Publish every working copy with changes (unmount, SIGTERM). Returns the failures.
@@ -835,10 +899,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
             }
         }
-        do {
-            try store.blobs.syncAll()
-            try store.metadata.commit([], durable: true)
-        } catch { failures.append(FSError(EIO, "final sync failed: \(error)")) }
+        do { try syncPublished() } catch { failures.append(FSError(EIO, "final sync failed: \(error)")) }
+        return failures
+    }
+
+    /// Publish everything and record a clean stop (the daemon calls this last).
+    @discardableResult
+    public func stop() -> [FSError] {
+        var failures = publishAll()
+        if failures.isEmpty {
+            do { try mutate(durable: true) { s in s.add(.setMeta(key: Self.runningKey, value: "0")) } }
+            catch { failures.append(FSError(EIO, "recording the clean stop failed: \(error)")) }
+        }
         return failures
     }
 

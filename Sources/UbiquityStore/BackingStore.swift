@@ -191,6 +191,8 @@ public protocol MetadataStore: AnyObject, Sendable {
     func version(_ id: VersionID) throws(StoreError) -> VersionRecord?
     /// Free-space figures of the store's disk, for statfs.
     func capacity() -> StoreCapacity
+    /// Every blob any version refers to (for garbage collection).
+    func referencedBlobs() throws(StoreError) -> Set<BlobID>
 }
 
 public struct StoreCapacity: Sendable, Equatable {
@@ -219,6 +221,8 @@ public protocol BlobStore: AnyObject, Sendable {
     func delete(_ blob: BlobID) throws(StoreError)
     /// Recompute a blob's checksum, for recovery and `check`.
     func verify(_ ref: ChunkRef) -> Bool
+    /// Every blob stored (for garbage collection).
+    func allBlobs() throws(StoreError) -> [BlobID]
 }
 
 /// A mutable working copy. Byte offsets are file offsets; chunk `i` of the document is at

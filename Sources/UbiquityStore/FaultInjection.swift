@@ -139,6 +139,11 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
     }
 
     public func capacity() -> StoreCapacity { wrapped.capacity() }
+
+    public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
+        try plan.check(.load)
+        return try wrapped.referencedBlobs()
+    }
 }
 
 public final class FaultInjectingBlobStore: BlobStore, Sendable {
@@ -173,6 +178,10 @@ public final class FaultInjectingBlobStore: BlobStore, Sendable {
     public func verify(_ ref: ChunkRef) -> Bool {
         if plan.next(.blobVerify) != nil { return false }
         return wrapped.verify(ref)
+    }
+
+    public func allBlobs() throws(StoreError) -> [BlobID] {
+        try wrapped.allBlobs()
     }
 }
 

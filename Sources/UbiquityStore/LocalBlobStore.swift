@@ -207,6 +207,20 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         }
     }
 
+    public func allBlobs() throws(StoreError) -> [BlobID] {
+        var result: [BlobID] = []
+        let fm = FileManager.default
+        guard let folders = try? fm.contentsOfDirectory(atPath: blobsPath) else {
+            throw StoreError(errno: EIO, "cannot list \(blobsPath)")
+        }
+        for folder in folders where folder.count == 2 {
+            for name in (try? fm.contentsOfDirectory(atPath: blobsPath + "/" + folder)) ?? [] {
+                if name.count == 16, let id = UInt64(name, radix: 16), id != 0 { result.append(id) }
+            }
+        }
+        return result
+    }
+
     public func verify(_ ref: ChunkRef) -> Bool {
         if ref.isHole { return true }
         let file = path(of: ref.blob)

@@ -122,6 +122,10 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         mutex.withLock { state.versions[id] }
     }
 
+    public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
+        mutex.withLock { Set(state.versions.values.flatMap { $0.chunks.filter { !$0.isHole }.map(\.blob) }) }
+    }
+
     public func capacity() -> StoreCapacity {
         StoreCapacity(blockSize: 4096, totalBlocks: 1 << 24, freeBlocks: 1 << 23, availableBlocks: 1 << 23,
                       totalFiles: 1 << 20, freeFiles: 1 << 19)
@@ -195,6 +199,10 @@ public final class MemoryBlobStore: BlobStore, @unchecked Sendable {
             blobs[blob] = nil
             unsynced.remove(blob)
         }
+    }
+
+    public func allBlobs() throws(StoreError) -> [BlobID] {
+        mutex.withLock { Array(blobs.keys) }
     }
 
     public func verify(_ ref: ChunkRef) -> Bool {

@@ -564,6 +564,19 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         capacityOfFilesystem(at: folder)
     }
 
+    public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
+        try mutex.withLock { () throws(StoreError) -> Set<BlobID> in
+            var result: Set<BlobID> = []
+            try run("SELECT chunks FROM versions", row: { (r) throws(StoreError) in
+                guard let chunks = r.withBlob(0, { ChunkPacking.unpack($0) }) else {
+                    throw StoreError(errno: EIO, "\(path): a version's chunk list is corrupt")
+                }
+                for c in chunks where !c.isHole { result.insert(c.blob) }
+            })
+            return result
+        }
+    }
+
     // MARK: For tests
 
     /// The value of a pragma (e.g. "synchronous", "journal_mode"), as text.
