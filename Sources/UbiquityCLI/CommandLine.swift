@@ -32,8 +32,8 @@ struct Subcommand: Sendable {
 
     var help: String {
         var text = "usage: ubiquityfs \(usage)\n\n\(summary)\n"
-        if !options.isEmpty {
-            text += "\noptions:\n"
+        text += "\noptions:\n"
+        do {
             for (name, help) in options {
                 let shown = name.hasSuffix("=") ? "\(name.dropLast()) VALUE" : name
                 text += "  \(shown.padding(toLength: 30, withPad: " ", startingAt: 0)) \(help)\n"
@@ -130,7 +130,7 @@ public func runCommandLine(_ arguments: [String]) -> Int32 {
         return ExitCode.usage
     }
     let rest = Array(arguments.dropFirst())
-    if rest.contains("--help") || rest.contains("-h") {
+    if rest.first == "--help" || rest.first == "-h" || rest.last == "--help" {
         writeOut(command.help)
         return ExitCode.success
     }

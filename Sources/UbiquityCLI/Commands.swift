@@ -121,17 +121,24 @@ private func detach(_ p: Parsed) throws -> Int32 {
 private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
     let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
-    let report: (String) -> Void = { line in
+    let tell: (String) -> Void = { line in
         if let readyFD { _ = (line + "\n").withCString { write(readyFD, $0, strlen($0)) } } else { writeError(line) }
     }
     let store: BackingStore
     do { store = try openEmbeddedStore(directory: storeDir) } catch {
-        report("ubiquityfs mount: cannot open the store: \(error)")
+        tell("ubiquityfs mount: cannot open the store: \(error)")
         return ExitCode.failure
     }
     let logger = Logger(path: storeDir + "/ubiquityfs.log", toStderr: readyFD == nil)
     let log: @Sendable (String) -> Void = { logger.write($0) }
     log("starting: store \(storeDir), apps \(apps), mountpoint \(mountpoint)")
+    // From here on, a failure goes to the log as well as to whoever started the mount.
+    let report: (String) -> Void = { line in
+        tell(line)
+        if readyFD != nil { log(line) }
+    }
+    // A detached daemon must not keep the caller's working folder busy.
+    if readyFD != nil { _ = chdir("/") }
 
     let snapshot: StoreSnapshot
     do { snapshot = try store.metadata.load() } catch {
@@ -142,7 +149,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
                                               applyChanges: p.flags.contains("--apply-manifest-changes"))
     for d in diagnostics {
         log(d.description)
-        if readyFD != nil { report(d.description) }
+        if readyFD != nil { tell(d.description) }
     }
     let view: View
     if let bundle = p.value("--app") {
@@ -245,7 +252,7 @@ final class Logger: @unchecked Sendable {
 
 let unmountCommand = Subcommand(
     name: "unmount",
-    summary: "publish pending work, unmount, and wait for the daemon to stop",
+    summary: "unmount, then wait for the daemon to publish pending work and stop",
     usage: "unmount MOUNTPOINT",
     options: [],
     positionals: 1...1,

@@ -129,9 +129,14 @@ final class Document: @unchecked Sendable {
         } else if index < base.count, !base[index].isHole, within < Int(base[index].length) {
             let want = min(piece.count, Int(base[index].length) - within)
             while got < want {
-                let n = try store.blobs.read(base[index].blob, at: within + got,
+                let n: Int
+                do {
+                    n = try store.blobs.read(base[index].blob, at: within + got,
                                              into: UnsafeMutableRawBufferPointer(rebasing: piece[got..<want]))
-                if n == 0 { break }
+                } catch {
+                    throw StoreError(errno: EIO, "content of inode \(ino) is damaged: \(error)")
+                }
+                if n == 0 { throw StoreError(errno: EIO, "content of inode \(ino) is damaged: chunk \(index) is short") }
                 got += n
             }
         }
@@ -260,7 +265,10 @@ final class Document: @unchecked Sendable {
         try lock.write {
             let st = stat()
             guard st.unpublished else { return }
-            let chunks = try writeChunks(durable: durable)
+            let chunks = try writeChunks(durable: false)
+            // Durable: the new version may reuse chunks of earlier versions published without
+            // fsync, so make every blob durable (one syncfs), not just the ones written now.
+            if durable { try store.blobs.syncAll() }
             if let id = try commit(chunks, st.size, st.mtime, st.ctime, durable) {
                 baseVersion = id
             }
@@ -279,7 +287,7 @@ final class Document: @unchecked Sendable {
             work?.remove()
             work = nil
             dirty = []
-            statLock.withLock { publishedSeq = writeSeq }
+            statLock.withLock { publishedSeq = writeSeq; dirtyCount = 0 }
         }
     }
 

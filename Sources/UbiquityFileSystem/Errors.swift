@@ -47,6 +47,7 @@ public func errnoName(_ e: Int32) -> String {
     case ENODATA: return "ENODATA"
     case EOPNOTSUPP: return "EOPNOTSUPP"
     case E2BIG: return "E2BIG"
+    case ENXIO: return "ENXIO"
     default: return "errno \(e)"
     }
 }

@@ -173,8 +173,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
             let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
                                mtime: node.mtime, store: store)
-            try doc.publish(durable: false) { chunks, size, _, _, _ in
-                try self.mutate { s in
+            // Durable: the working copy is deleted once this commits.
+            try doc.publish(durable: true) { chunks, size, _, _, durable in
+                try self.mutate(durable: durable) { s in
                     let id = s.newVersion()
                     s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
                                                     chunks: chunks, origin: .recovered, device: self.device)))
@@ -684,6 +685,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         guard case .drive = view, n.kind == .directory, let c = state.containers[dir.container],
               let limit = active[c.identifier]?.maxDepth else { return }
         guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
+        // Staying at its depth or moving up puts nothing deeper than it already is (a tree may
+        // hold folders the app made past the limit).
+        if let from = state.parent[n.ino], let old = depth(of: from, in: c), d <= old { return }
         if d + 1 + height(of: n.ino) > limit {
             throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s) in Documents")
         }
@@ -744,7 +748,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Open (or share) the document of `ino`; counts as one open until `release`.
     public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
         let doc = try acquireDocument(ino)
-        if flags & O_TRUNC != 0 && (flags & O_ACCMODE) != O_RDONLY {
+        if flags & O_TRUNC != 0 {
             do { try doc.truncate(to: 0) } catch {
                 try? releaseDocument(doc)
                 throw error
@@ -856,6 +860,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
+    /// Forget a document nobody has open once it holds nothing unpublished.
+    private func dropIfIdle(_ doc: Document) {
+        docsLock.withLock {
+            if doc.opens == 0 && !doc.hasUnpublishedChanges && docs[doc.ino] === doc { docs[doc.ino] = nil }
+        }
+    }
+
+    /// fsync on a folder: make every namespace change so far durable.
+    public func fsyncDirectory() throws {
+        try store.metadata.commit([], durable: true)
+    }
+
     private func publish(_ doc: Document, durable: Bool) throws {
         try doc.publish(durable: durable) { chunks, size, mtime, ctime, durable in
             try self.mutate(durable: durable) { s in
@@ -879,7 +895,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         let now = monotonicNanoseconds()
         for doc in docsLock.withLock({ Array(docs.values) })
         where doc.hasUnpublishedChanges && now &- doc.stat().lastChange >= idlePublishNanoseconds {
-            do { try publish(doc, durable: false) } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
+            do {
+                try publish(doc, durable: false)
+                dropIfIdle(doc)
+            } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
         }
         // Every 30 s, one syncfs makes all versions published since durable.
         let due = syncLock.withLock { now &- lastSync >= 30_000_000_000 }
@@ -894,7 +913,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func publishAll() -> [FSError] {
         var failures: [FSError] = []
         for doc in docsLock.withLock({ Array(docs.values) }) where doc.hasUnpublishedChanges {
-            do { try publish(doc, durable: false) } catch {
+            do {
+                try publish(doc, durable: false)
+                dropIfIdle(doc)
+            } catch {
                 failures.append(error as? FSError ?? FSError(EIO, "\(error)"))
                 log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
             }

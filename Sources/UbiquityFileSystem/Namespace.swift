@@ -88,7 +88,8 @@ struct Staging {
 
     init(_ base: Namespace) {
         self.base = base
-        nextIno = base.maxIno + 1
+        // Inode 1 is the mount root (FUSE_ROOT_ID); store nodes start at 2.
+        nextIno = max(base.maxIno, 1) + 1
         nextVersion = base.maxVersion + 1
     }
 

@@ -271,9 +271,10 @@ func makeOperations() -> fuse_lowlevel_ops {
         fuse_reply_err(req, 0)
     }
 
-    ops.fsyncdir = { req, _, _, _ in
-        // Namespace changes are committed before each operation replies; nothing is pending.
-        fuse_reply_err(req, 0)
+    ops.fsyncdir = { req, ino, _, _ in
+        // Namespace changes are committed (not synced) before each reply; make them durable.
+        do { try bridge(req).fs.fsyncDirectory(); fuse_reply_err(req, 0) }
+        catch { fail(req, "fsyncdir", ino, error) }
     }
 
     ops.statfs = { req, _ in
@@ -351,7 +352,9 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
                 let isDot = entry.name == [0x2e] || entry.name == [0x2e, 0x2e]
                 if plus {
                     var e = fuse_entry_param()
-                    if !isDot, let a = try? b.fs.getattr(entry.ino) {
+                    if !isDot {
+                        // An entry removed since opendir is skipped (offsets stay valid).
+                        guard let a = try? b.fs.getattr(entry.ino) else { return 0 }
                         e = entryOf(a)
                     } else {
                         e.attr.st_ino = __ino_t(entry.ino)
