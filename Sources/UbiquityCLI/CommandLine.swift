@@ -150,13 +150,19 @@ public func runCommandLine(_ arguments: [String]) -> Int32 {
 func defaultAppsDirectory() -> String {
     let env = ProcessInfo.processInfo.environment
     if let x = env["XDG_CONFIG_HOME"], !x.isEmpty { return x + "/ubiquityfs/apps" }
-    return NSHomeDirectory() + "/.config/ubiquityfs/apps"
+    return home() + "/.config/ubiquityfs/apps"
 }
 
 func defaultStoreDirectory() -> String {
     let env = ProcessInfo.processInfo.environment
     if let x = env["XDG_DATA_HOME"], !x.isEmpty { return x + "/ubiquityfs" }
-    return NSHomeDirectory() + "/.local/share/ubiquityfs"
+    return home() + "/.local/share/ubiquityfs"
+}
+
+/// $HOME as the XDG spec says, falling back to the password database.
+func home() -> String {
+    if let h = ProcessInfo.processInfo.environment["HOME"], !h.isEmpty { return h }
+    return NSHomeDirectory()
 }
 
 func absolutePath(_ path: String) -> String {

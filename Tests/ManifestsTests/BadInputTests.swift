@@ -82,20 +82,6 @@ final class BadInputTests: XCTestCase {
         ])
     }
 
-    func testUnreadableFile() throws {
-        try XCTSkipIf(geteuid() == 0, "root reads every file")
-        let dir = TempDir()
-        defer { dir.remove() }
-        dir.write("Good.plist", goodManifest)
-        dir.write("Secret.plist", appXML(id: "com.x.Secret"))
-        try FileManager.default.setAttributes([.posixPermissions: 0], ofItemAtPath: dir.file("Secret.plist"))
-        let load = loadManifests(directory: dir.path)
-        XCTAssertEqual(load.manifests.map(\.bundleIdentifier), ["com.x.Good"])
-        XCTAssertEqual(lines(load.diagnostics, in: dir.path), [
-            "Secret.plist: error: the file cannot be read: permission denied; make it readable by the user running ubiquityfs",
-        ])
-    }
-
     // MARK: Required keys and types
 
     func testMissingBundleIdentifier() {

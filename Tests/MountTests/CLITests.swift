@@ -1,0 +1,210 @@
+// The command line: help, usage errors, `containers`, `check`, mount failures, mount options, and the
+// CFBundleVersion registration rule end to end.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class CLITests: MountTestCase {
+    /// The whitespace/`|`/`,`-separated words of the `containers` line for a container identifier.
+    private func containerRow(_ output: CommandResult, id: String,
+                              file: StaticString = #filePath, line: UInt = #line) -> [String] {
+        guard let row = output.lines.first(where: { words(of: $0).contains(id) }) else {
+            XCTFail("`containers` has no line for \(id):\n\(output.stdout)", file: file, line: line)
+            return []
+        }
+        return words(of: row)
+    }
+
+    private func words(of line: String) -> [String] {
+        line.split(whereSeparator: { $0 == " " || $0 == "\t" || $0 == "|" || $0 == "," }).map(String.init)
+    }
+
+    private let truthy: Set<String> = ["yes", "true", "public"]
+    private let falsy: Set<String> = ["no", "false", "private"]
+
+    func testHelpOnEverySubcommand() throws {
+        for args in [["--help"], ["mount", "--help"], ["unmount", "--help"], ["containers", "--help"], ["check", "--help"]] {
+            let r = ubiquityfs(args, timeout: 20)
+            XCTAssertEqual(r.status, 0, "\(r)")
+            XCTAssertTrue((r.stdout + r.stderr).lowercased().contains("usage"), "no usage text: \(r)")
+        }
+        XCTAssertTrue(ubiquityfs(["mount", "--help"]).stdout.contains("--apps"), "mount --help should list --apps")
+    }
+
+    func testUsageErrorsExit64() throws {
+        for args in [["mount"], ["no-such-subcommand"], ["mount", "--no-such-option", mountPoint],
+                     ["unmount"], ["containers", "--apps"]] {
+            let r = ubiquityfs(args, timeout: 20)
+            XCTAssertEqual(r.status, 64, "usage error should exit 64: \(r)")
+            XCTAssertFalse(r.stderr.isEmpty, "a usage error should say what is wrong on stderr: \(r)")
+        }
+        XCTAssertFalse(isMounted(mountPoint))
+    }
+
+    func testContainersListsTheSamples() throws {
+        let r = ubiquityfs(["containers", "--apps", appsDir, "--store", storeDir])
+        XCTAssertEqual(r.status, 0, "\(r)")
+        let expected: [(id: String, name: String, isPublic: Bool, levels: String)] = [
+            ("iCloud.com.example.TestDrive", "TestDrive", true, "None"),
+            ("iCloud.com.example.SugoiApp", "SugoiApp", true, "Any"),
+            ("iCloud.com.example.Notes", "Notes", true, "One"),
+            ("iCloud.com.example.Ledger", "Ledger", false, "Any"),
+        ]
+        for e in expected {
+            let row = containerRow(r, id: e.id)
+            guard !row.isEmpty else { continue }
+            XCTAssertTrue(row.contains(e.name), "\(e.id): name \(e.name) missing in \(row)")
+            XCTAssertTrue(row.contains(e.levels), "\(e.id): levels \(e.levels) missing in \(row)")
+            let flags = Set(row.map { $0.lowercased() })
+            XCTAssertFalse(flags.isDisjoint(with: e.isPublic ? truthy : falsy),
+                           "\(e.id): public flag should read \(e.isPublic) in \(row)")
+            XCTAssertTrue(flags.isDisjoint(with: e.isPublic ? falsy : truthy),
+                          "\(e.id): contradictory public flag in \(row)")
+        }
+    }
+
+    func testCheckPassesOnTheSamples() throws {
+        let r = ubiquityfs(["check", "--apps", appsDir])
+        XCTAssertEqual(r.status, 0, "the sample manifests should be clean: \(r)")
+    }
+
+    func testCheckReportsBrokenManifests() throws {
+        try writeManifest("Broken.plist", bundleID: "com.example.Broken", bundleName: "Broken", version: "1",
+                          containers: [ContainerSpec(name: "Broken", levels: "Two")])
+        try "this is not a property list\n".write(toFile: appsDir + "/Garbage.plist", atomically: false, encoding: .utf8)
+        let r = ubiquityfs(["check", "--apps", appsDir])
+        XCTAssertEqual(r.status, 1, "check should exit 1 when a manifest is broken: \(r)")
+        XCTAssertTrue(r.allLines.contains { $0.contains("Broken.plist") && $0.contains("NSUbiquitousContainerSupportedFolderLevels") },
+                      "one line should name Broken.plist and the key: \(r)")
+        XCTAssertTrue(r.allLines.contains { $0.contains("Garbage.plist") }, "one line should name Garbage.plist: \(r)")
+        for good in ["TestDrive.plist", "SugoiApp.plist", "Notes.plist", "Ledger.plist"] {
+            XCTAssertFalse(r.allLines.contains { $0.contains(good) }, "\(good) is fine but was reported: \(r)")
+        }
+    }
+
+    func testMountWithABrokenManifestMountsTheGoodOnes() throws {
+        try writeManifest("Broken.plist", bundleID: "com.example.Broken", bundleName: "Broken", version: "1",
+                          containers: [ContainerSpec(name: "Broken", levels: "Two")])
+        try "<plist><dict><key>unterminated".write(toFile: appsDir + "/Garbage.plist", atomically: false, encoding: .utf8)
+        try mount()
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/ok.txt", "ok"), 0)
+    }
+
+    func testMountFailsClearlyOnAMissingMountPoint() throws {
+        let missing = workDir + "/no-such-folder"
+        let r = ubiquityfs(mountArguments(at: missing), timeout: 60)
+        XCTAssertNotEqual(r.status, 0, "mount on a missing folder should fail: \(r)")
+        XCTAssertFalse((r.stdout + r.stderr).isEmpty, "and say why")
+        XCTAssertFalse(isMounted(missing))
+        if let pid = readDaemonPID() {
+            XCTAssertTrue(waitForExit(pid, seconds: 5), "no daemon may be left running after a failed mount")
+        }
+    }
+
+    func testSecondDaemonOnTheSameStoreIsRefused() throws {
+        try mount()
+        let second = workDir + "/mnt2"
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        let r = ubiquityfs(mountArguments(app: "com.example.Ledger", at: second), timeout: 60)
+        if r.succeeded || isMounted(second) {
+            XCTFail("a second daemon opened a store that is in use: \(r)")
+            _ = Command.run(["fusermount3", "-u", second], timeout: 20)
+        }
+        XCTAssertFalse((r.stdout + r.stderr).isEmpty, "the refusal should say why")
+        // The first mount is unharmed.
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.writeFile(docs("Notes") + "/still.txt", "here"), 0)
+        try unmount()
+    }
+
+    func testReadOnlyMountOption() throws {
+        try mount()
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/before.txt", "written"), 0)
+        try unmount()
+        try mount(options: "ro")
+        XCTAssertEqual(Posix.readText(docs("TestDrive") + "/before.txt"), "written")
+        assertErrno(EROFS, "create on a read-only mount") { Posix.open(docs("TestDrive") + "/new.txt", O_WRONLY | O_CREAT) }
+        assertErrno(EROFS, "write-open on a read-only mount") { Posix.open(docs("TestDrive") + "/before.txt", O_WRONLY) }
+        assertErrno(EROFS, "unlink on a read-only mount") { unlink(docs("TestDrive") + "/before.txt") }
+    }
+
+    func testDefaultFoldersFollowXDG() throws {
+        // No --apps, no --store: manifests from $XDG_CONFIG_HOME/ubiquityfs/apps, the store in
+        // $XDG_DATA_HOME/ubiquityfs (the fixture points both into the test's own HOME).
+        let xdgApps = homeDir + "/.config/ubiquityfs/apps"
+        try FileManager.default.createDirectory(atPath: xdgApps, withIntermediateDirectories: true)
+        for name in try FileManager.default.contentsOfDirectory(atPath: appsDir) {
+            try FileManager.default.copyItem(atPath: appsDir + "/" + name, toPath: xdgApps + "/" + name)
+        }
+        let listed = ubiquityfs(["containers"])
+        XCTAssertEqual(listed.status, 0, "\(listed)")
+        XCTAssertFalse(containerRow(listed, id: "iCloud.com.example.Notes").isEmpty)
+        storeDirOverride = defaultStoreDir
+        try mount(defaultLocations: true)
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        XCTAssertNotNil(readDaemonPID(), "daemon.pid should be in $XDG_DATA_HOME/ubiquityfs")
+        XCTAssertTrue(Posix.exists(defaultStoreDir + "/ubiquityfs.log"), "the log should be in $XDG_DATA_HOME/ubiquityfs")
+        XCTAssertFalse(Posix.exists(workDir + "/store/daemon.pid"))
+        try unmount()
+    }
+
+    // MARK: The CFBundleVersion rule
+
+    private func writeVersioned(name: String, version: String) throws {
+        try writeManifest("Versioned.plist", bundleID: "com.example.Versioned", bundleName: "Versioned",
+                          version: version, containers: [ContainerSpec(name: name, levels: "Any")])
+    }
+
+    func testContainerSettingsChangeOnlyWhenTheVersionGrows() throws {
+        let id = "iCloud.com.example.Versioned"
+        try writeVersioned(name: "Alpha", version: "1.2")
+        try mount()
+        XCTAssertEqual(ls(mountPoint), ["Alpha", "Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.writeFile(docs("Alpha") + "/kept.txt", "kept across the rename\n"), 0)
+        try unmount()
+
+        // Renamed without raising the version: the registered name stays, with a warning.
+        try writeVersioned(name: "Beta", version: "1.2")
+        let stale = ubiquityfs(["containers", "--apps", appsDir, "--store", storeDir])
+        XCTAssertEqual(stale.status, 0, "\(stale)")
+        let row = containerRow(stale, id: id)
+        XCTAssertTrue(row.contains("Alpha"), "the registered name should stay Alpha: \(row)")
+        XCTAssertFalse(row.contains("Beta"), "the unregistered name must not show: \(row)")
+        let warning = stale.allLines.first { $0.contains("NSUbiquitousContainerName") }
+        XCTAssertNotNil(warning, "a warning should name the key NSUbiquitousContainerName: \(stale)")
+        if let warning {
+            XCTAssertTrue(warning.contains("Versioned"), "the warning should name the manifest: \(warning)")
+            XCTAssertTrue(warning.contains("1.2"), "the warning should name the version: \(warning)")
+        }
+        try mount()
+        XCTAssertEqual(ls(mountPoint), ["Alpha", "Notes", "SugoiApp", "TestDrive"])
+        try unmount()
+
+        // 1.10 > 1.2 (numeric, not string, comparison): the new name is registered, documents kept.
+        try writeVersioned(name: "Beta", version: "1.10")
+        let fresh = ubiquityfs(["containers", "--apps", appsDir, "--store", storeDir])
+        XCTAssertEqual(fresh.status, 0, "\(fresh)")
+        XCTAssertTrue(containerRow(fresh, id: id).contains("Beta"), "\(fresh)")
+        XCTAssertFalse(fresh.allLines.contains { $0.contains("NSUbiquitousContainerName") },
+                       "no warning once the version grew: \(fresh)")
+        try mount()
+        XCTAssertEqual(ls(mountPoint), ["Beta", "Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.readText(docs("Beta") + "/kept.txt"), "kept across the rename\n")
+    }
+
+    func testApplyManifestChangesFlag() throws {
+        try writeVersioned(name: "Alpha", version: "3")
+        try mount()
+        XCTAssertEqual(Posix.writeFile(docs("Alpha") + "/doc.txt", "doc\n"), 0)
+        try unmount()
+        try writeVersioned(name: "Gamma", version: "3")
+        try mount(extra: ["--apply-manifest-changes"])
+        XCTAssertEqual(ls(mountPoint), ["Gamma", "Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.readText(docs("Gamma") + "/doc.txt"), "doc\n")
+        try unmount()
+        let r = ubiquityfs(["containers", "--apps", appsDir, "--store", storeDir])
+        XCTAssertTrue(containerRow(r, id: "iCloud.com.example.Versioned").contains("Gamma"), "\(r)")
+    }
+}

@@ -1,0 +1,135 @@
+// What survives an unmount, a signal, and a kill -9 of the daemon.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class DurabilityTests: MountTestCase {
+    func testRemountKeepsDataAndEmptyFolders() throws {
+        try mount()
+        let sugoi = docs("SugoiApp"), notes = docs("Notes"), drive = docs("TestDrive")
+        XCTAssertEqual(Posix.writeFile(drive + "/MyTextFile.txt", "This is a test file\n"), 0)
+        assertShell("""
+            cd \(shellQuote(sugoi))
+            mkdir -p deep/er/still empty/nested
+            printf 'nested\\n' > deep/er/still/file.txt
+            head -c 1048579 /dev/urandom > deep/random.bin
+            cp deep/random.bin \(shellQuote(scratchDir))/random.bin
+            ln -s deep/er/still/file.txt link
+            chmod 0751 deep/er
+            """)
+        assertSucceeds("mkdir an empty folder in Notes") { mkdir(notes + "/Empty", 0o755) }
+        assertSucceeds("setxattr") { Posix.setxattr(sugoi + "/deep/er/still/file.txt", "user.kept", "yes") }
+
+        try remount()
+
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.readText(drive + "/MyTextFile.txt"), "This is a test file\n")
+        XCTAssertEqual(ls(sugoi), ["deep", "empty", "link"])
+        XCTAssertEqual(ls(sugoi + "/empty"), ["nested"], "empty folders persist")
+        XCTAssertEqual(ls(sugoi + "/empty/nested"), [])
+        XCTAssertEqual(ls(notes), ["Empty"])
+        XCTAssertEqual(Posix.readText(sugoi + "/deep/er/still/file.txt"), "nested\n")
+        assertShell("cmp \(shellQuote(sugoi + "/deep/random.bin")) \(shellQuote(scratchDir + "/random.bin"))")
+        XCTAssertEqual(Posix.readlink(sugoi + "/link"), "deep/er/still/file.txt")
+        XCTAssertEqual(Posix.stat(sugoi + "/deep/er").map { $0.st_mode & 0o7777 }, 0o751)
+        XCTAssertEqual(try Posix.getxattr(sugoi + "/deep/er/still/file.txt", "user.kept").get(), "yes")
+
+        // A second round: deletions and renames persist too.
+        assertShell("cd \(shellQuote(sugoi)) && rm -r empty && mv deep renamed")
+        try remount()
+        XCTAssertEqual(ls(sugoi), ["link", "renamed"])
+        XCTAssertEqual(Posix.readText(sugoi + "/renamed/er/still/file.txt"), "nested\n")
+    }
+
+    func testFusermountUnmountStopsTheDaemon() throws {
+        try mount()
+        XCTAssertEqual(Posix.writeFile(docs("Notes") + "/note.txt", "kept\n"), 0)
+        let pid = readDaemonPID()
+        let r = Command.run(["fusermount3", "-u", mountPoint], timeout: 30)
+        XCTAssertTrue(r.succeeded, "\(r)")
+        XCTAssertFalse(isMounted(mountPoint))
+        if let pid { XCTAssertTrue(waitForExit(pid, seconds: 10), "the daemon should exit after fusermount3 -u") }
+        try mount()
+        XCTAssertEqual(Posix.readText(docs("Notes") + "/note.txt"), "kept\n")
+    }
+
+    func testSigtermPublishesAndUnmounts() throws {
+        try signalTest(SIGTERM)
+    }
+
+    func testSigintPublishesAndUnmounts() throws {
+        try signalTest(SIGINT)
+    }
+
+    private func signalTest(_ signal: Int32, file: StaticString = #filePath, line: UInt = #line) throws {
+        try mount()
+        // Written and closed just before the signal: the daemon must publish it before it exits.
+        XCTAssertEqual(Posix.writeFile(docs("SugoiApp") + "/last-minute.txt", "published\n"), 0)
+        guard let pid = readDaemonPID() else { return XCTFail("no daemon.pid", file: file, line: line) }
+        kill(pid, signal)
+        XCTAssertTrue(waitForExit(pid, seconds: 20), "the daemon should exit on signal \(signal)", file: file, line: line)
+        XCTAssertFalse(isMounted(mountPoint), "the daemon should unmount on signal \(signal)", file: file, line: line)
+        try mount()
+        XCTAssertEqual(Posix.readText(docs("SugoiApp") + "/last-minute.txt"), "published\n", file: file, line: line)
+    }
+
+    func testKillMinus9KeepsFsyncedDataAndWholeFiles() throws {
+        try mount()
+        let d = docs("SugoiApp")
+        let oldSmall = "old small content\n"
+        let oldBig = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ 7) }
+        XCTAssertEqual(Posix.writeFile(d + "/small.txt", oldSmall), 0)
+        XCTAssertEqual(Posix.writeFile(d + "/big.bin", oldBig), 0)
+        XCTAssertEqual(Posix.writeFile(d + "/fsynced-existing.txt", "previous\n"), 0)
+        try remount() // everything above is published
+
+        // 1. A new file, written and fsync'ed, held open at the kill.
+        let journalHead = "fsync'ed line 1\nfsync'ed line 2\n"
+        let journal = assertSucceeds("open journal") { Posix.open(d + "/journal.txt", O_RDWR | O_CREAT) }
+        XCTAssertEqual(Posix.write(journal, journalHead), journalHead.utf8.count)
+        assertSucceeds("fsync journal") { fsync(journal) }
+        Posix.write(journal, "not fsync'ed\n")
+
+        // 2. An existing file, truncated and rewritten, fsync'ed, held open.
+        let existing = assertSucceeds("open existing") { Posix.open(d + "/fsynced-existing.txt", O_RDWR | O_TRUNC) }
+        Posix.write(existing, "replacement, fsync'ed\n")
+        assertSucceeds("fsync existing") { fsync(existing) }
+
+        // 3. An existing small file rewritten and closed, not fsync'ed.
+        let newSmall = "a new and longer version of the small file\n"
+        XCTAssertEqual(Posix.writeFile(d + "/small.txt", newSmall), 0)
+
+        // 4. A big file changed in place, held open, not fsync'ed.
+        var newBig = oldBig
+        let patch = [UInt8](repeating: 0xAB, count: 70_000)
+        newBig.replaceSubrange((1 << 20)..<((1 << 20) + patch.count), with: patch)
+        let big = assertSucceeds("open big") { Posix.open(d + "/big.bin", O_RDWR) }
+        XCTAssertEqual(Posix.pwrite(big, patch, at: 1 << 20), patch.count)
+
+        try killDaemonHard()
+        close(journal)
+        close(existing)
+        close(big)
+        try mount()
+
+        let journalNow = Posix.readText(d + "/journal.txt")
+        XCTAssertTrue(journalNow == journalHead || journalNow == journalHead + "not fsync'ed\n",
+                      "fsync'ed data must survive kill -9; got \(String(describing: journalNow))")
+        XCTAssertEqual(Posix.readText(d + "/fsynced-existing.txt"), "replacement, fsync'ed\n",
+                       "an fsync'ed rewrite must survive kill -9")
+        let smallNow = Posix.readText(d + "/small.txt")
+        XCTAssertTrue(smallNow == oldSmall || smallNow == newSmall,
+                      "small.txt must be its old or its new version, got \(String(describing: smallNow))")
+        let bigNow = Posix.readFile(d + "/big.bin")
+        XCTAssertTrue(bigNow == oldBig || bigNow == newBig,
+                      "big.bin must be its old or its new version (size \(bigNow?.count ?? -1))")
+        XCTAssertEqual(ls(d), ["big.bin", "fsynced-existing.txt", "journal.txt", "small.txt"])
+
+        // The store still works after recovery.
+        XCTAssertEqual(Posix.writeFile(d + "/after.txt", "after\n"), 0)
+        try remount()
+        XCTAssertEqual(Posix.readText(d + "/after.txt"), "after\n")
+        XCTAssertEqual(Posix.readText(d + "/fsynced-existing.txt"), "replacement, fsync'ed\n")
+    }
+}

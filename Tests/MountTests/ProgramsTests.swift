@@ -1,0 +1,171 @@
+// Real programs at work in a container without a folder limit (SugoiApp, levels Any).
+
+import Foundation
+import Glibc
+import XCTest
+
+final class ProgramsTests: MountTestCase {
+    private var dir: String { docs("SugoiApp") }
+
+    /// A tree with the shapes programs meet: nested folders, an empty folder, files of awkward sizes,
+    /// a symlink, odd modes, old timestamps.
+    private func makeTree(at root: String) {
+        assertShell("""
+            mkdir -p \(shellQuote(root)) && cd \(shellQuote(root))
+            mkdir -p src/lib/deep empty docs
+            : > empty.txt
+            printf x > one-byte
+            head -c 4095 /dev/urandom > src/4095.bin
+            head -c 4096 /dev/urandom > src/4096.bin
+            head -c 1048579 /dev/urandom > src/lib/big.bin
+            for i in $(seq 1 40); do echo "line $i" > "docs/note $i.txt"; done
+            printf '#!/bin/sh\\necho hi\\n' > src/run.sh && chmod 755 src/run.sh
+            chmod 600 docs/'note 1.txt'
+            ln -s lib/big.bin src/link-to-big
+            echo deep > src/lib/deep/file
+            touch -d '2020-01-02 03:04:05.5' src/lib/deep/file docs
+            """)
+    }
+
+    /// `find` listing of type, mode, size, mtime (not of symlinks) and link target, for comparisons.
+    private func manifestOfTree(_ root: String) -> String {
+        assertShell("cd \(shellQuote(root)) && find . -mindepth 1 \\( -type l -printf '%p %y -> %l\\n' \\) "
+                    + "-o \\( -type d -printf '%p %y %m %T@\\n' \\) -o -printf '%p %y %m %s %T@\\n' | sort").stdout
+    }
+
+    func testVimSavesAFile() throws {
+        try mount()
+        let f = dir + "/fruit.txt"
+        XCTAssertEqual(Posix.writeFile(f, "banana\napple\n"), 0)
+        // Default save: swap file in the same folder, write-backup dance. (backupskip= because Vim skips
+        // backups under /tmp by default, and the test folder is there.)
+        assertShell("vim -u NONE -i NONE -N -E -s -c 'set backupskip=' -c '%s/a/o/g' -c 'wq' \(shellQuote(f))", cwd: dir, timeout: 60)
+        XCTAssertEqual(Posix.readText(f), "bonono\nopple\n")
+        // With a swap file and a backup made by renaming the original away.
+        let inodeBefore = Posix.stat(f)?.st_ino
+        assertShell("vim -u NONE -i NONE -N -E -s -c 'set backup writebackup backupcopy=no backupskip=' "
+                    + "-c '%s/o/u/g' -c 'wq' \(shellQuote(f))", cwd: dir, timeout: 60)
+        XCTAssertEqual(Posix.readText(f), "bununu\nupple\n")
+        XCTAssertEqual(Posix.readText(f + "~"), "bonono\nopple\n", "vim's backup holds the previous version")
+        XCTAssertNotEqual(Posix.stat(f)?.st_ino, inodeBefore, "backupcopy=no saves a new file")
+        XCTAssertEqual(ls(dir), ["fruit.txt", "fruit.txt~"], "no swap file left behind")
+    }
+
+    func testSedInPlace() throws {
+        try mount()
+        let f = dir + "/config.ini"
+        XCTAssertEqual(Posix.writeFile(f, "name=old\nmode=fast\n"), 0)
+        assertShell("sed -i 's/old/new/; s/fast/safe/' \(shellQuote(f))")
+        XCTAssertEqual(Posix.readText(f), "name=new\nmode=safe\n")
+        assertShell("sed -i.bak '1d' \(shellQuote(f))")
+        XCTAssertEqual(Posix.readText(f), "mode=safe\n")
+        XCTAssertEqual(Posix.readText(f + ".bak"), "name=new\nmode=safe\n")
+        XCTAssertEqual(ls(dir), ["config.ini", "config.ini.bak"], "no temporary files left behind")
+    }
+
+    func testCpArchiveRoundTrip() throws {
+        try mount()
+        let source = scratchDir + "/tree"
+        makeTree(at: source)
+        assertShell("cp -a \(shellQuote(source)) \(shellQuote(dir + "/tree"))", timeout: 120)
+        assertShell("diff -r \(shellQuote(source)) \(shellQuote(dir + "/tree"))")
+        XCTAssertEqual(manifestOfTree(dir + "/tree"), manifestOfTree(source),
+                       "cp -a keeps types, modes, sizes, times and link targets")
+        // And back out again.
+        assertShell("cp -a \(shellQuote(dir + "/tree")) \(shellQuote(scratchDir + "/back"))", timeout: 120)
+        assertShell("diff -r \(shellQuote(source)) \(shellQuote(scratchDir + "/back"))")
+        XCTAssertEqual(manifestOfTree(scratchDir + "/back"), manifestOfTree(source))
+    }
+
+    func testTarRoundTrip() throws {
+        try mount()
+        let source = scratchDir + "/tree"
+        makeTree(at: source)
+        // Archive into the mount, extract inside the mount. (POSIX format: it keeps sub-second times.)
+        assertShell("""
+            tar --format=posix -C \(shellQuote(source)) -cf \(shellQuote(dir + "/tree.tar")) .
+            mkdir \(shellQuote(dir + "/extracted"))
+            tar -C \(shellQuote(dir + "/extracted")) -xpf \(shellQuote(dir + "/tree.tar"))
+            diff -r \(shellQuote(source)) \(shellQuote(dir + "/extracted"))
+            """, timeout: 120)
+        XCTAssertEqual(manifestOfTree(dir + "/extracted"), manifestOfTree(source))
+        // Archive from the mount, extract outside.
+        assertShell("""
+            tar --format=posix -C \(shellQuote(dir + "/extracted")) -cf \(shellQuote(scratchDir + "/out.tar")) .
+            mkdir \(shellQuote(scratchDir + "/out"))
+            tar -C \(shellQuote(scratchDir + "/out")) -xpf \(shellQuote(scratchDir + "/out.tar"))
+            diff -r \(shellQuote(source)) \(shellQuote(scratchDir + "/out"))
+            """, timeout: 120)
+        XCTAssertEqual(manifestOfTree(scratchDir + "/out"), manifestOfTree(source))
+    }
+
+    func testGitWorkflow() throws {
+        try mount()
+        let repo = dir + "/repo"
+        let git = "git -c user.name=Tester -c user.email=tester@example.com -c init.defaultBranch=main"
+        assertShell("""
+            mkdir \(shellQuote(repo)) && cd \(shellQuote(repo))
+            \(git) init -q
+            echo 'first a' > a.txt
+            echo 'first b' > b.txt
+            mkdir -p src/deep && echo 'int main(void) { return 0; }' > src/deep/main.c
+            \(git) add -A
+            \(git) commit -q -m 'first commit'
+            \(git) checkout -q -b feature
+            echo 'feature a' > a.txt
+            echo 'new d' > d.txt
+            \(git) rm -q b.txt
+            \(git) add -A
+            \(git) commit -q -m 'feature commit'
+            \(git) checkout -q main
+            """, timeout: 120)
+        XCTAssertEqual(Posix.readText(repo + "/a.txt"), "first a\n")
+        XCTAssertEqual(Posix.readText(repo + "/b.txt"), "first b\n")
+        XCTAssertFalse(Posix.exists(repo + "/d.txt"))
+        assertShell("cd \(shellQuote(repo)) && \(git) checkout -q feature", timeout: 60)
+        XCTAssertEqual(Posix.readText(repo + "/a.txt"), "feature a\n")
+        XCTAssertEqual(Posix.readText(repo + "/d.txt"), "new d\n")
+        XCTAssertFalse(Posix.exists(repo + "/b.txt"))
+        let status = assertShell("cd \(shellQuote(repo)) && \(git) status --porcelain")
+        XCTAssertEqual(status.stdout, "", "the work tree is clean")
+        let log = assertShell("cd \(shellQuote(repo)) && \(git) log --format=%s")
+        XCTAssertEqual(log.stdout, "feature commit\nfirst commit\n")
+        assertShell("cd \(shellQuote(repo)) && \(git) gc -q && \(git) fsck --full --strict", timeout: 120)
+        assertShell("cd \(shellQuote(repo)) && \(git) checkout -q main && \(git) fsck --full", timeout: 60)
+        XCTAssertEqual(Posix.readText(repo + "/b.txt"), "first b\n")
+    }
+
+    func testSqliteDatabaseSurvivesRemount() throws {
+        try mount()
+        let sql = """
+            PRAGMA journal_mode=%MODE%;
+            CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL);
+            BEGIN; INSERT INTO t(v) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<1000) SELECT 'row ' || x FROM c; COMMIT;
+            BEGIN; INSERT INTO t(v) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<1000) SELECT 'second ' || x FROM c; COMMIT;
+            BEGIN; INSERT INTO t(v) VALUES ('rolled back'); ROLLBACK;
+            BEGIN; UPDATE t SET v = 'updated' WHERE id % 10 = 0; DELETE FROM t WHERE id % 7 = 0; COMMIT;
+            CREATE INDEX t_v ON t(v);
+
+            """
+        let query = "SELECT count(*), sum(length(v)), sum(v = 'updated'), sum(v = 'rolled back') FROM t; PRAGMA integrity_check;"
+        // Rows: 2000 minus multiples of 7 (285) = 1715; 'updated' rows: multiples of 10 not of 7 = 200 - 28 = 172.
+        var expected = ""
+        for mode in ["DELETE", "WAL"] {
+            let db = dir + "/\(mode.lowercased()).sqlite"
+            let script = scratchDir + "/\(mode).sql"
+            try sql.replacingOccurrences(of: "%MODE%", with: mode).write(toFile: script, atomically: false, encoding: .utf8)
+            assertShell("sqlite3 -bail \(shellQuote(db)) < \(shellQuote(script)) > /dev/null", timeout: 60)
+            let result = assertShell("sqlite3 \(shellQuote(db)) \(shellQuote(query))")
+            XCTAssertTrue(result.stdout.hasPrefix("1715|"), "\(mode): \(result.stdout)")
+            XCTAssertTrue(result.stdout.hasSuffix("|172|0\nok\n"), "\(mode): \(result.stdout)")
+            if mode == "DELETE" { expected = result.stdout }
+            XCTAssertEqual(result.stdout, expected, "both journal modes hold the same rows")
+        }
+        try remount()
+        for mode in ["DELETE", "WAL"] {
+            let db = dir + "/\(mode.lowercased()).sqlite"
+            let result = assertShell("sqlite3 \(shellQuote(db)) \(shellQuote(query))")
+            XCTAssertEqual(result.stdout, expected, "\(mode) database after remount")
+        }
+    }
+}

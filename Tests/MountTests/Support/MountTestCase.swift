@@ -1,0 +1,468 @@
+// The fixture every mount test builds on.
+//
+// Each test gets its own temporary folder:
+//
+//     /tmp/ubiquityfs-mt-XXXXXX/
+//         apps/      copies of samples/apps/*.plist (plus any manifest the test writes)
+//         store/     the store (`--store`): daemon.pid and ubiquityfs.log live here
+//         mnt/       the mount point
+//         scratch/   plain local files to compare the mount against
+//         home/ …    HOME and the XDG folders of every program the test runs
+//
+// and drives the built `ubiquityfs` binary (`.build/debug/ubiquityfs`, or `$UBIQUITYFS_BIN`).
+// Clean-up runs after every test, failed or not: `fusermount3 -u` (then `-uz`), SIGKILL of any daemon
+// of ours still alive (by the pid it wrote, after checking /proc that it is ours), removal of the folder.
+// A watchdog kills the daemon if a test runs past its deadline: that aborts the FUSE connection, so
+// a system call blocked on a hung mount returns ENOTCONN and the test fails instead of hanging.
+
+import Foundation
+import Glibc
+import XCTest
+
+struct FixtureError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// One container entry of a test manifest.
+struct ContainerSpec {
+    var identifier = "iCloud.$(PRODUCT_BUNDLE_IDENTIFIER)"
+    var isPublic: Bool? = true
+    var name: String?
+    var levels: String?
+}
+
+class MountTestCase: XCTestCase {
+    /// The package root, found from this file's path: Tests/MountTests/Support/MountTestCase.swift.
+    static let packageRoot: String = {
+        var url = URL(fileURLWithPath: #filePath)
+        for _ in 0..<4 { url.deleteLastPathComponent() }
+        return url.path
+    }()
+
+    static var binary: String {
+        if let path = ProcessInfo.processInfo.environment["UBIQUITYFS_BIN"], !path.isEmpty { return path }
+        return packageRoot + "/.build/debug/ubiquityfs"
+    }
+
+    /// Seconds a single test may run before the watchdog kills its daemon.
+    var testDeadline: Double { 150 }
+
+    private(set) var workDir = ""
+    var appsDir: String { workDir + "/apps" }
+    /// The store folder: `--store` of every mount, unless a test mounts with the default locations.
+    var storeDir: String { storeDirOverride ?? workDir + "/store" }
+    /// Set by a test that lets the daemon pick its default store folder.
+    var storeDirOverride: String?
+    /// Where the daemon keeps its store when no --store is given ($XDG_DATA_HOME/ubiquityfs).
+    var defaultStoreDir: String { homeDir + "/.local/share/ubiquityfs" }
+    var mountPoint: String { workDir + "/mnt" }
+    var scratchDir: String { workDir + "/scratch" }
+    var homeDir: String { workDir + "/home" }
+
+    /// Every mount point and daemon this test has used, for clean-up.
+    private var usedMountPoints: Set<String> = []
+    private var daemonPIDs: Set<pid_t> = []
+    private var watchdog: Watchdog?
+
+    /// The environment of every program the tests run: a private HOME and XDG folders, UTC, UTF-8.
+    var environment: [String: String] {
+        var env = ProcessInfo.processInfo.environment
+        env["HOME"] = homeDir
+        env["XDG_CONFIG_HOME"] = homeDir + "/.config"
+        env["XDG_DATA_HOME"] = homeDir + "/.local/share"
+        env["XDG_CACHE_HOME"] = homeDir + "/.cache"
+        env["TZ"] = "UTC"
+        env["LC_ALL"] = "C.UTF-8"
+        env["GIT_CONFIG_NOSYSTEM"] = "1"
+        env.removeValue(forKey: "UBIQUITYFS_BIN")
+        return env
+    }
+
+    // MARK: Life cycle
+
+    override func setUpWithError() throws {
+        try super.setUpWithError()
+        guard FileManager.default.isExecutableFile(atPath: Self.binary) else {
+            let message = "the ubiquityfs binary is missing at \(Self.binary): build it with `swift build` "
+                + "(or point UBIQUITYFS_BIN at it); mount tests drive the real binary and cannot run without it"
+            XCTFail(message)
+            throw FixtureError(message)
+        }
+        var template = Array("/tmp/ubiquityfs-mt-XXXXXX".utf8CString)
+        guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else {
+            throw FixtureError("mkdtemp failed: \(Posix.describe(errno))")
+        }
+        workDir = stringFromCBuffer(template)
+        for dir in [appsDir, storeDir, mountPoint, scratchDir, homeDir] {
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        }
+        watchdog = Watchdog(seconds: testDeadline, test: name,
+                            pidFiles: [storeDir + "/daemon.pid", defaultStoreDir + "/daemon.pid"])
+        try installSampleManifests()
+    }
+
+    override func tearDown() {
+        if watchdog?.cancel() == true {
+            XCTFail("the watchdog stopped this test after \(Int(testDeadline)) s and killed the daemon (hung mount?)")
+        }
+        if let run = testRun, run.totalFailureCount > 0 {
+            print("--- daemon log (tail) of \(name):\n\(daemonLogTail())")
+        }
+        cleanUp()
+        super.tearDown()
+    }
+
+    /// Unmounts, kills and removes whatever this test left; safe to call more than once.
+    private func cleanUp() {
+        guard !workDir.isEmpty else { return }
+        for mnt in usedMountPoints.union([mountPoint]) where isMounted(mnt) {
+            if !Command.run(["fusermount3", "-u", mnt], timeout: 20).succeeded || isMounted(mnt) {
+                _ = Command.run(["fusermount3", "-uz", mnt], timeout: 20)
+            }
+        }
+        var pids = daemonPIDs
+        for dir in [workDir + "/store", defaultStoreDir] {
+            if let pid = readDaemonPID(storeDir: dir) { pids.insert(pid) }
+        }
+        for pid in pids where isOurDaemon(pid) {
+            if !waitForExit(pid, seconds: 3) {
+                kill(pid, SIGKILL)
+                _ = waitForExit(pid, seconds: 5)
+            }
+        }
+        for mnt in usedMountPoints.union([mountPoint]) where isMounted(mnt) {
+            _ = Command.run(["fusermount3", "-uz", mnt], timeout: 20)
+        }
+        let stillMounted = usedMountPoints.union([mountPoint]).filter { isMounted($0) }
+        if !stillMounted.isEmpty {
+            XCTFail("clean-up could not unmount \(stillMounted.sorted()); left \(workDir) in place")
+            return
+        }
+        let rm = Command.run(["rm", "-rf", "--one-file-system", workDir], timeout: 120)
+        if !rm.succeeded { XCTFail("clean-up could not remove \(workDir): \(rm)") }
+        workDir = ""
+    }
+
+    // MARK: Manifests
+
+    /// Copies samples/apps/*.plist into the test's apps folder.
+    func installSampleManifests() throws {
+        let samples = Self.packageRoot + "/samples/apps"
+        let names = ((try? FileManager.default.contentsOfDirectory(atPath: samples)) ?? [])
+            .filter { $0.hasSuffix(".plist") }
+        guard !names.isEmpty else {
+            let message = "no sample manifests in \(samples): the mount tests need samples/apps/*.plist"
+            XCTFail(message)
+            throw FixtureError(message)
+        }
+        for name in names {
+            try FileManager.default.copyItem(atPath: samples + "/" + name, toPath: appsDir + "/" + name)
+        }
+    }
+
+    /// Writes an XML Info.plist into the apps folder.
+    func writeManifest(_ fileName: String, bundleID: String, bundleName: String, version: String,
+                       containers: [ContainerSpec]) throws {
+        func escape(_ s: String) -> String {
+            s.replacingOccurrences(of: "&", with: "&amp;").replacingOccurrences(of: "<", with: "&lt;")
+        }
+        var xml = """
+            <?xml version="1.0" encoding="UTF-8"?>
+            <!DOCTYPE plist PUBLIC "-//Apple//DTD PLIST 1.0//EN" "http://www.apple.com/DTDs/PropertyList-1.0.dtd">
+            <plist version="1.0">
+            <dict>
+            \t<key>CFBundleIdentifier</key>
+            \t<string>\(escape(bundleID))</string>
+            \t<key>CFBundleName</key>
+            \t<string>\(escape(bundleName))</string>
+            \t<key>CFBundleVersion</key>
+            \t<string>\(escape(version))</string>
+            \t<key>NSUbiquitousContainers</key>
+            \t<dict>
+
+            """
+        for c in containers {
+            xml += "\t\t<key>\(escape(c.identifier))</key>\n\t\t<dict>\n"
+            if let p = c.isPublic {
+                xml += "\t\t\t<key>NSUbiquitousContainerIsDocumentScopePublic</key>\n\t\t\t<\(p)/>\n"
+            }
+            if let n = c.name {
+                xml += "\t\t\t<key>NSUbiquitousContainerName</key>\n\t\t\t<string>\(escape(n))</string>\n"
+            }
+            if let l = c.levels {
+                xml += "\t\t\t<key>NSUbiquitousContainerSupportedFolderLevels</key>\n\t\t\t<string>\(escape(l))</string>\n"
+            }
+            xml += "\t\t</dict>\n"
+        }
+        xml += "\t</dict>\n</dict>\n</plist>\n"
+        try xml.write(toFile: appsDir + "/" + fileName, atomically: false, encoding: .utf8)
+    }
+
+    // MARK: The ubiquityfs command
+
+    /// Runs `ubiquityfs ARGS…` with the test's environment.
+    func ubiquityfs(_ arguments: [String], timeout: Int = 60) -> CommandResult {
+        Command.run([Self.binary] + arguments, timeout: timeout, environment: environment)
+    }
+
+    /// The arguments of `ubiquityfs mount`; with `defaultLocations`, no --apps and no --store.
+    func mountArguments(app: String? = nil, options: String? = nil, extra: [String] = [],
+                        at mnt: String? = nil, defaultLocations: Bool = false) -> [String] {
+        var args = defaultLocations ? ["mount"] : ["mount", "--apps", appsDir, "--store", storeDir]
+        if let app { args += ["--app", app] }
+        if let options { args += ["-o", options] }
+        return args + extra + [mnt ?? mountPoint]
+    }
+
+    /// Mounts and checks that the mount is ready when the command returns; throws (after recording
+    /// the failure) if it is not.
+    @discardableResult
+    func mount(app: String? = nil, options: String? = nil, extra: [String] = [], at mnt: String? = nil,
+               defaultLocations: Bool = false,
+               file: StaticString = #filePath, line: UInt = #line) throws -> CommandResult {
+        let target = mnt ?? mountPoint
+        usedMountPoints.insert(target)
+        let arguments = mountArguments(app: app, options: options, extra: extra, at: target,
+                                       defaultLocations: defaultLocations)
+        let result = ubiquityfs(arguments, timeout: 60)
+        if let pid = waitForDaemonPID() { daemonPIDs.insert(pid) }
+        guard result.succeeded else {
+            let message = "mount failed: \(result)\n--- daemon log:\n\(daemonLogTail())"
+            XCTFail(message, file: file, line: line)
+            throw FixtureError(message)
+        }
+        guard isMounted(target) else {
+            let message = "`ubiquityfs mount` returned 0 but \(target) is not in /proc/mounts"
+            XCTFail(message, file: file, line: line)
+            throw FixtureError(message)
+        }
+        if Posix.stat(target) == nil {
+            let message = "the mount is not ready when `ubiquityfs mount` returns: stat \(target): \(Posix.describe(errno))"
+            XCTFail(message, file: file, line: line)
+            throw FixtureError(message)
+        }
+        return result
+    }
+
+    /// `ubiquityfs unmount`, then checks that the mount is gone and the daemon has exited.
+    func unmount(at mnt: String? = nil, file: StaticString = #filePath, line: UInt = #line) throws {
+        let target = mnt ?? mountPoint
+        let pid = readDaemonPID()
+        let result = ubiquityfs(["unmount", target], timeout: 90)
+        guard result.succeeded else {
+            let message = "unmount failed: \(result)"
+            XCTFail(message, file: file, line: line)
+            throw FixtureError(message)
+        }
+        if isMounted(target) {
+            let message = "`ubiquityfs unmount` returned 0 but \(target) is still mounted"
+            XCTFail(message, file: file, line: line)
+            throw FixtureError(message)
+        }
+        if let pid, !waitForExit(pid, seconds: 5) {
+            XCTFail("the daemon (pid \(pid)) is still running 5 s after `ubiquityfs unmount` returned",
+                    file: file, line: line)
+        }
+    }
+
+    func remount(app: String? = nil, file: StaticString = #filePath, line: UInt = #line) throws {
+        try unmount(file: file, line: line)
+        try mount(app: app, file: file, line: line)
+    }
+
+    /// kill -9 of the daemon, then `fusermount3 -u` to clear the dead mount.
+    func killDaemonHard(file: StaticString = #filePath, line: UInt = #line) throws {
+        guard let pid = readDaemonPID(), isOurDaemon(pid) else {
+            throw FixtureError("no live daemon pid in \(storeDir)/daemon.pid")
+        }
+        kill(pid, SIGKILL)
+        guard waitForExit(pid, seconds: 10) else { throw FixtureError("daemon \(pid) survived SIGKILL") }
+        if !Command.run(["fusermount3", "-u", mountPoint], timeout: 20).succeeded || isMounted(mountPoint) {
+            _ = Command.run(["fusermount3", "-uz", mountPoint], timeout: 20)
+        }
+        if isMounted(mountPoint) {
+            throw FixtureError("the dead mount at \(mountPoint) could not be cleared with fusermount3")
+        }
+    }
+
+    // MARK: Daemon and mount state
+
+    func readDaemonPID(storeDir dir: String? = nil) -> pid_t? {
+        guard let text = try? String(contentsOfFile: (dir ?? storeDir) + "/daemon.pid", encoding: .utf8) else {
+            return nil
+        }
+        return pid_t(text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// Waits up to 5 s for daemon.pid to name a live daemon.
+    func waitForDaemonPID() -> pid_t? {
+        for _ in 0..<100 {
+            if let pid = readDaemonPID(), isOurDaemon(pid) { return pid }
+            usleep(50_000)
+        }
+        return nil
+    }
+
+    /// True if `pid` is alive (not a zombie) and runs the ubiquityfs binary.
+    func isOurDaemon(_ pid: pid_t) -> Bool {
+        Watchdog.isLiveProcess(pid, named: "ubiquityfs")
+    }
+
+    func waitForExit(_ pid: pid_t, seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if !Watchdog.isLiveProcess(pid, named: nil) { return true }
+            usleep(20_000)
+        }
+        return !Watchdog.isLiveProcess(pid, named: nil)
+    }
+
+    func isMounted(_ path: String) -> Bool {
+        guard let text = try? String(contentsOfFile: "/proc/mounts", encoding: .utf8) else { return false }
+        let escaped = path.replacingOccurrences(of: " ", with: "\\040")
+        return text.split(separator: "\n").contains { line in
+            let fields = line.split(separator: " ")
+            return fields.count > 1 && fields[1] == escaped
+        }
+    }
+
+    func daemonLogTail(lines: Int = 60) -> String {
+        guard let text = try? String(contentsOfFile: storeDir + "/ubiquityfs.log", encoding: .utf8) else {
+            return "(no \(storeDir)/ubiquityfs.log)"
+        }
+        return text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
+    }
+
+    // MARK: Paths
+
+    /// The Documents folder of a drive-view container: MOUNT/NAME/Documents.
+    func docs(_ container: String) -> String { "\(mountPoint)/\(container)/Documents" }
+
+    // MARK: Shell helpers
+
+    /// Runs a bash script (`set -euo pipefail`) with the test's environment.
+    func sh(_ script: String, cwd: String? = nil, timeout: Int = 60) -> CommandResult {
+        Command.bash(script, timeout: timeout, cwd: cwd, environment: environment)
+    }
+
+    /// Runs a bash script and records a failure if it does not exit 0.
+    @discardableResult
+    func assertShell(_ script: String, cwd: String? = nil, timeout: Int = 60,
+                     file: StaticString = #filePath, line: UInt = #line) -> CommandResult {
+        let result = sh(script, cwd: cwd, timeout: timeout)
+        if !result.succeeded { XCTFail("shell step failed: \(result)", file: file, line: line) }
+        return result
+    }
+
+    /// `ls -A` of a folder, sorted; records a failure if ls fails.
+    func ls(_ path: String, file: StaticString = #filePath, line: UInt = #line) -> [String] {
+        let result = Command.run(["ls", "-A1", path], timeout: 30, environment: environment)
+        if !result.succeeded { XCTFail("ls failed: \(result)", file: file, line: line) }
+        return result.lines.sorted()
+    }
+
+    // MARK: errno assertions
+
+    /// Records a failure if `call` returns a negative value; returns what it returned.
+    @discardableResult
+    func assertSucceeds<T: BinaryInteger>(_ what: @autoclosure () -> String,
+                                          file: StaticString = #filePath, line: UInt = #line,
+                                          _ call: () -> T) -> T {
+        errno = 0
+        let result = call()
+        let code = errno
+        if result < 0 { XCTFail("\(what()) failed with \(Posix.describe(code)); expected success", file: file, line: line) }
+        return result
+    }
+
+    /// Records a failure unless `call` fails with `expected`.
+    func assertErrno<T: BinaryInteger>(_ expected: Int32, _ what: @autoclosure () -> String,
+                                       file: StaticString = #filePath, line: UInt = #line,
+                                       _ call: () -> T) {
+        assertErrno(oneOf: [expected], what(), file: file, line: line, call)
+    }
+
+    /// Records a failure unless `call` fails with one of `expected` (any errno if `expected` is empty).
+    func assertErrno<T: BinaryInteger>(oneOf expected: [Int32], _ what: @autoclosure () -> String,
+                                       file: StaticString = #filePath, line: UInt = #line,
+                                       _ call: () -> T) {
+        errno = 0
+        let result = call()
+        let code = errno
+        let wanted = expected.isEmpty ? "a failure" : expected.map(Posix.describe).joined(separator: " or ")
+        if result >= 0 {
+            XCTFail("\(what()) succeeded; expected \(wanted)", file: file, line: line)
+        } else if !expected.isEmpty && !expected.contains(code) {
+            XCTFail("\(what()) failed with \(Posix.describe(code)); expected \(wanted)", file: file, line: line)
+        }
+    }
+
+    /// Records a failure unless `call` fails (any errno).
+    func assertFails<T: BinaryInteger>(_ what: @autoclosure () -> String,
+                                       file: StaticString = #filePath, line: UInt = #line,
+                                       _ call: () -> T) {
+        assertErrno(oneOf: [], what(), file: file, line: line, call)
+    }
+}
+
+/// Kills the daemon of a test that runs past its deadline.
+final class Watchdog: @unchecked Sendable {
+    private let lock = NSLock()
+    private var cancelled = false // protected by lock
+    private var fired = false     // protected by lock
+    private let test: String
+    private let pidFiles: [String]
+
+    init(seconds: Double, test: String, pidFiles: [String]) {
+        self.test = test
+        self.pidFiles = pidFiles
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [self] in fire() }
+    }
+
+    /// Stops the watchdog; returns true if it had already fired.
+    func cancel() -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        cancelled = true
+        return fired
+    }
+
+    private func fire() {
+        lock.lock()
+        if cancelled {
+            lock.unlock()
+            return
+        }
+        fired = true
+        lock.unlock()
+        for pidFile in pidFiles {
+            let text = (try? String(contentsOfFile: pidFile, encoding: .utf8)) ?? ""
+            if let pid = pid_t(text.trimmingCharacters(in: .whitespacesAndNewlines)),
+               Self.isLiveProcess(pid, named: "ubiquityfs") {
+                kill(pid, SIGKILL)
+            }
+        }
+        let message = "watchdog: \(test) ran past its deadline; killed its daemon\n"
+        _ = message.withCString { Glibc.write(2, $0, strlen($0)) }
+    }
+
+    /// True if `pid` exists and is not a zombie (and, given a name, its command line mentions it).
+    static func isLiveProcess(_ pid: pid_t, named name: String?) -> Bool {
+        guard pid > 0, kill(pid, 0) == 0 || errno == EPERM else { return false }
+        if let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+           let close = stat.lastIndex(of: ")") {
+            let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
+            if state == "Z" || state == "X" { return false }
+        }
+        guard let name else { return true }
+        // The daemon's argv[0] is "ubiquityfs"; its executable may be a copy under another name.
+        if let cmdline = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline"),
+           String(decoding: cmdline, as: UTF8.self).contains(name) {
+            return true
+        }
+        let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")) ?? ""
+        let binary = URL(fileURLWithPath: MountTestCase.binary).resolvingSymlinksInPath().path
+        return !exe.isEmpty && exe.hasPrefix(binary)
+    }
+}
