@@ -344,7 +344,7 @@ let containersCommand = Subcommand(
 
 let checkCommand = Subcommand(
     name: "check",
-    summary: "validate the app manifests: one line per problem, exit 1 if any error",
+    summary: "validate the app manifests: one line per problem, exit 1 if there is any",
     usage: "check [--apps DIR]",
     options: [("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)")],
     positionals: 0...0,
@@ -352,9 +352,10 @@ let checkCommand = Subcommand(
         let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
         let (_, diagnostics) = registrations(apps: apps, previous: [], applyChanges: false)
         for d in diagnostics { writeOut(d.description) }
-        let errors = diagnostics.filter { $0.severity == .error }.count
-        if errors > 0 { return ExitCode.failure }
-        if diagnostics.isEmpty { writeOut("\(apps): all manifests are valid") }
+        // Any problem, warnings included (e.g. folder levels left to default), fails the check:
+        // it exists to catch mistakes before an app ships.
+        if !diagnostics.isEmpty { return ExitCode.failure }
+        writeOut("\(apps): all manifests are valid")
         return ExitCode.success
     })
 

@@ -15,6 +15,12 @@ public struct FSError: Error, CustomStringConvertible, Sendable, Equatable {
         self.errno = error.errno
         self.message = error.message
     }
+    /// Any error as an FSError: store errors keep their errno; anything else is EIO.
+    public init(_ error: any Error) {
+        if let e = error as? FSError { self = e }
+        else if let e = error as? StoreError { self.init(e) }
+        else { self.init(EIO, "\(error)") }
+    }
     public var description: String { "\(message) (\(errnoName(errno)))" }
 
     static func noEntry(_ what: String = "no such file or folder") -> FSError { FSError(ENOENT, what) }

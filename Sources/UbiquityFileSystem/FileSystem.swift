@@ -195,7 +195,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             var staging = Staging(state)
             let result = try body(&staging)
             if !staging.mutations.isEmpty {
-                try store.metadata.commit(staging.mutations, durable: durable)
+                do { try store.metadata.commit(staging.mutations, durable: durable) } catch { throw FSError(error) }
                 state.apply(staging.mutations)
             }
             return result
@@ -705,7 +705,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 if n.kind != .regular { throw FSError(EINVAL, "not a regular file") }
             }
             if size > UInt64(Int64.max) { throw FSError(EFBIG, "too large") }
-            try doc.truncate(to: size)
+            do { try doc.truncate(to: size) } catch { throw FSError(error) }
         }
         return try mutate { s in
             guard case .node(var n) = try target(ino) else { throw FSError.readOnly("container folders are read-only") }
@@ -751,7 +751,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         if flags & O_TRUNC != 0 {
             do { try doc.truncate(to: 0) } catch {
                 try? releaseDocument(doc)
-                throw error
+                throw FSError(error)
             }
         }
         return docsLock.withLock {
@@ -797,14 +797,15 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
-        try fileDocument(handle).0.read(at: offset, into: buffer)
+        let doc = try fileDocument(handle).0
+        do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
     }
 
     public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
         let (doc, flags) = try fileDocument(handle)
         if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
         if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
-        try doc.write(bytes, at: offset)
+        do { try doc.write(bytes, at: offset) } catch { throw FSError(error) }
         return bytes.count
     }
 
@@ -816,12 +817,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// fsync: publish the working copy durably, so the data survives a crash as the current version.
     public func fsync(handle: UInt64, dataOnly: Bool) throws {
         let (doc, _) = try fileDocument(handle)
-        if doc.hasUnpublishedChanges {
-            try publish(doc, durable: true)
-        } else {
-            try store.blobs.syncAll()
-            try store.metadata.commit([], durable: true)
-        }
+        do {
+            if doc.hasUnpublishedChanges {
+                try publish(doc, durable: true)
+            } else {
+                try store.blobs.syncAll()
+                try store.metadata.commit([], durable: true)
+            }
+        } catch { throw FSError(error) }
     }
 
     public func release(handle: UInt64) throws {
@@ -856,7 +859,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
         if let failure {
             log("publish of inode \(doc.ino) failed, its working copy is kept: \(failure)")
-            throw failure
+            throw FSError(failure)
         }
     }
 
@@ -869,7 +872,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// fsync on a folder: make every namespace change so far durable.
     public func fsyncDirectory() throws {
-        try store.metadata.commit([], durable: true)
+        do { try store.metadata.commit([], durable: true) } catch { throw FSError(error) }
     }
 
     private func publish(_ doc: Document, durable: Bool) throws {
@@ -917,11 +920,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 try publish(doc, durable: false)
                 dropIfIdle(doc)
             } catch {
-                failures.append(error as? FSError ?? FSError(EIO, "\(error)"))
+                failures.append(FSError(error))
                 log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
             }
         }
-        do { try syncPublished() } catch { failures.append(FSError(EIO, "final sync failed: \(error)")) }
+        do { try syncPublished() } catch { failures.append(FSError(error)) }
         return failures
     }
 

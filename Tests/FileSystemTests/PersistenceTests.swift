@@ -1,0 +1,402 @@
+// DESIGN §3–§4: data survives reopening, publishing keeps versions, a small change to a big file
+// writes one chunk, fsync is durable across a power cut, a crashed daemon's unpublished working
+// copies come back as versions, idle publishing.
+
+import Foundation
+import XCTest
+import UbiquityFileSystem
+import UbiquityStore
+
+final class PersistenceTests: XCTestCase {
+    var temporary: String?
+
+    override func tearDown() {
+        if let temporary { try? FileManager.default.removeItem(atPath: temporary) }
+        temporary = nil
+    }
+
+    private func embeddedDirectory() -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("fstests-\(UUID().uuidString)").path
+        temporary = path
+        return path
+    }
+
+    private func openFS(_ store: BackingStore, view: View = .drive) throws -> UbiquityFileSystem {
+        try UbiquityFileSystem(store: store, containers: Sample.all, view: view)
+    }
+
+    /// Run `body` on a filesystem over a freshly opened embedded store; everything is dropped on
+    /// return (so the store's lock is free again). `publish`: publishAll before dropping.
+    private func embeddedSession(_ directory: String, publish: Bool = true,
+                                 _ body: (UbiquityFileSystem, BackingStore) throws -> Void) throws {
+        let store = try openEmbeddedStore(directory: directory)
+        let fs = try openFS(store)
+        try body(fs, store)
+        if publish { XCTAssertTrue(fs.publishAll().isEmpty) }
+    }
+
+    /// The bytes of a version, read chunk by chunk from the blob store.
+    private func bytes(of v: VersionRecord, in store: BackingStore) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: Int(v.size))
+        for (i, ref) in v.chunks.enumerated() where !ref.isHole {
+            let start = i * chunkSize
+            let end = min(start + chunkSize, out.count)
+            guard start < end else { continue }
+            let n = try out.withUnsafeMutableBytes {
+                try store.blobs.read(ref.blob, at: 0, into: UnsafeMutableRawBufferPointer(rebasing: $0[start..<end]))
+            }
+            XCTAssertLessThanOrEqual(n, end - start)
+        }
+        return out
+    }
+
+    // MARK: reopening
+
+    private let big = pattern(3 * chunkSize + 5, seed: 11)
+    private let stamp: Int64 = 1_600_000_000_123_456_789
+
+    /// A bit of everything, in SugoiApp's Documents; one file is left open with unpublished writes.
+    private func populate(_ fs: UbiquityFileSystem) throws -> UInt64 {
+        let docs = try fs.ino("SugoiApp/Documents")
+        let dir = try fs.mkdir(parent: docs, name: b("dir"), mode: 0o750, caller: owner).ino
+        _ = try fs.mkdir(parent: docs, name: b("empty"), mode: 0o700, caller: owner)
+        let a = try fs.makeFile(dir, "a.bin", big)
+        _ = try fs.link(a, newParent: docs, newName: b("hard.bin"))
+        _ = try fs.symlink(parent: docs, name: b("link"), target: b("dir/a.bin"), caller: owner)
+        _ = try fs.mknod(parent: docs, name: b("pipe"), mode: UInt32(S_IFIFO) | 0o600, rdev: 0, caller: owner)
+        try fs.setxattr(a, name: b("user.color"), value: b("blue"), flags: 0)
+        _ = try fs.setattr(a, AttributeChanges(mode: 0o600, mtime: .at(stamp)), handle: nil, caller: owner)
+        try fs.makeFile(try fs.ino("TestDrive/Documents"), "MyTextFile.txt", b("hello"))
+        let (open, h) = try fs.create(parent: docs, name: b("open.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
+        try fs.put(h, b("unpublished when publishAll runs"), at: 0)
+        _ = h   // left open on purpose: publishAll must publish it
+        return open.ino
+    }
+
+    private func verify(_ fs: UbiquityFileSystem) throws {
+        XCTAssertEqual(try fs.names("SugoiApp/Documents"), ["dir", "empty", "hard.bin", "link", "open.txt", "pipe"])
+        XCTAssertEqual(try fs.names("SugoiApp/Documents/dir"), ["a.bin"])
+        XCTAssertEqual(try fs.names("SugoiApp/Documents/empty"), [], "empty folders persist")
+        let a = try fs.at("SugoiApp/Documents/dir/a.bin")
+        XCTAssertEqual(a.nlink, 2)
+        XCTAssertEqual(a.mode, UInt32(S_IFREG) | 0o600)
+        XCTAssertEqual(a.mtime, stamp)
+        XCTAssertEqual(a.size, UInt64(big.count))
+        XCTAssertEqual(try fs.at("SugoiApp/Documents/hard.bin").ino, a.ino)
+        assertBytes(try fs.contents(a.ino), big)
+        XCTAssertEqual(try fs.getxattr(a.ino, name: b("user.color")), b("blue"))
+        XCTAssertEqual(try fs.readlink(try fs.ino("SugoiApp/Documents/link")), b("dir/a.bin"))
+        XCTAssertEqual(try fs.at("SugoiApp/Documents/pipe").kind, .fifo)
+        XCTAssertEqual(try fs.at("SugoiApp/Documents/dir").mode & 0o7777, 0o750)
+        XCTAssertEqual(try fs.at("SugoiApp/Documents").nlink, 4)
+        assertBytes(try fs.contents("SugoiApp/Documents/open.txt"), b("unpublished when publishAll runs"))
+        assertBytes(try fs.contents("TestDrive/Documents/MyTextFile.txt"), b("hello"))
+    }
+
+    func testDataSurvivesReopeningMemoryStore() throws {
+        let store = makeMemoryStore()
+        do {
+            let fs = try openFS(store)
+            _ = try populate(fs)
+            XCTAssertTrue(fs.publishAll().isEmpty)
+        }
+        try verify(try openFS(store))
+        try verify(try openFS(store))   // and again: reopening changes nothing
+    }
+
+    func testDataSurvivesReopeningEmbeddedStore() throws {
+        let directory = embeddedDirectory()
+        try embeddedSession(directory) { fs, _ in _ = try populate(fs) }
+        try embeddedSession(directory) { fs, _ in try verify(fs) }
+        try embeddedSession(directory) { fs, _ in
+            // Change something, then check the change persisted too.
+            let docs = try fs.ino("SugoiApp/Documents")
+            try fs.unlink(parent: docs, name: b("hard.bin"))
+            try fs.writeFile(try fs.ino("SugoiApp/Documents/dir/a.bin"), b("HEAD"), at: 0)
+        }
+        try embeddedSession(directory) { fs, _ in
+            // A sparse file past 4 GiB in the embedded store, and real capacity figures.
+            let (huge, h) = try fs.create(parent: try fs.ino("SugoiApp/Documents"), name: b("huge"), mode: 0o644,
+                                          flags: O_RDWR, caller: owner)
+            try fs.put(h, b("tail"), at: 5 << 30)
+            try fs.release(handle: h)
+            XCTAssertEqual(try fs.getattr(huge.ino).size, (5 << 30) + 4)
+            let s = fs.statfs()
+            XCTAssertGreaterThan(s.totalBlocks, 0)
+            XCTAssertGreaterThan(s.blockSize, 0)
+            XCTAssertEqual(s.nameMax, 255)
+        }
+        try embeddedSession(directory) { fs, _ in
+            let huge = try fs.ino("SugoiApp/Documents/huge")
+            XCTAssertEqual(try fs.getattr(huge).size, (5 << 30) + 4)
+            let h = try fs.open(huge, flags: O_RDONLY)
+            assertBytes(try fs.get(h, at: (5 << 30) - 2, count: 10), [0, 0] + b("tail"))
+            assertBytes(try fs.get(h, at: 3 << 30, count: 4096), [UInt8](repeating: 0, count: 4096))
+            try fs.release(handle: h)
+            XCTAssertEqual(try fs.at("SugoiApp/Documents/dir/a.bin").nlink, 1)
+            assertBytes(try fs.contents("SugoiApp/Documents/dir/a.bin"), b("HEAD") + big[4...])
+            XCTAssertFalse(try fs.names("SugoiApp/Documents").contains("hard.bin"))
+            XCTAssertTrue(try fs.names("SugoiApp/Documents").contains("huge"))
+        }
+    }
+
+    // MARK: versions
+
+    func testPublishOnReleaseCreatesAVersionAndKeepsThePrevious() throws {
+        let store = makeMemoryStore()
+        let fs = try openFS(store)
+        let docs = try fs.ino("SugoiApp/Documents")
+        let (attrs, h) = try fs.create(parent: docs, name: b("v.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
+        try fs.put(h, b("version one"), at: 0)
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 0, "nothing published while open")
+        try fs.release(handle: h)
+        let v1 = try store.metadata.versions(of: attrs.ino)
+        XCTAssertEqual(v1.count, 1)
+        XCTAssertEqual(v1.first?.origin, .published)
+
+        try fs.writeFile(attrs.ino, b("version TWO"), at: 0)
+        let v2 = try store.metadata.versions(of: attrs.ino)
+        XCTAssertEqual(v2.count, 2)
+        XCTAssertEqual(v2.first, v1.first, "the previous version is kept unchanged")
+        assertBytes(try bytes(of: v2[0], in: store), b("version one"))
+        assertBytes(try bytes(of: v2[1], in: store), b("version TWO"))
+        XCTAssertGreaterThan(v2[1].id, v2[0].id)
+        assertBytes(try fs.contents(attrs.ino), b("version TWO"))
+
+        // Opening and closing without a change publishes nothing.
+        let r = try fs.open(attrs.ino, flags: O_RDONLY)
+        try fs.release(handle: r)
+        let w = try fs.open(attrs.ino, flags: O_RDWR)
+        try fs.release(handle: w)
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 2)
+        // Truncation publishes too.
+        _ = try fs.setattr(attrs.ino, AttributeChanges(size: 7), handle: nil, caller: owner)
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 3)
+        assertBytes(try openFS(store).contents("SugoiApp/Documents/v.txt"), b("version"))
+    }
+
+    func testSmallWriteToMultiChunkFileWritesOneChunk() throws {
+        let store = makeMemoryStore()
+        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
+        let fs = try openFS(store)
+        let docs = try fs.ino("SugoiApp/Documents")
+        let content = pattern(4 * chunkSize + 100, seed: 21)
+        let ino = try fs.makeFile(docs, "big.bin", content)
+        let first = try XCTUnwrap(try store.metadata.versions(of: ino).last)
+        XCTAssertEqual(first.chunks.count, 5)
+        let blobCount = blobs.blobIDs.count
+
+        try fs.writeFile(ino, b("0123456789"), at: UInt64(2 * chunkSize + 7))
+        let second = try XCTUnwrap(try store.metadata.versions(of: ino).last)
+        XCTAssertNotEqual(first.id, second.id)
+        XCTAssertEqual(second.chunks.count, 5)
+        let changed = zip(first.chunks, second.chunks).enumerated().filter { $0.element.0 != $0.element.1 }.map(\.offset)
+        XCTAssertEqual(changed, [2], "only the touched chunk is new")
+        XCTAssertEqual(blobs.blobIDs.count, blobCount + 1, "one new blob")
+
+        // An append past the end touches only the last chunk (and a new one if it spills over).
+        try fs.writeFile(ino, b("appended"), at: UInt64(content.count))
+        let third = try XCTUnwrap(try store.metadata.versions(of: ino).last)
+        let changed3 = zip(second.chunks, third.chunks).enumerated().filter { $0.element.0 != $0.element.1 }.map(\.offset)
+        XCTAssertEqual(changed3, [4])
+
+        var expected = content
+        expected.replaceSubrange((2 * chunkSize + 7)..<(2 * chunkSize + 17), with: b("0123456789"))
+        expected += b("appended")
+        assertBytes(try openFS(store).contents(ino), expected)
+    }
+
+    // MARK: fsync and power cuts
+
+    private func powerCut(_ store: BackingStore) throws {
+        try XCTUnwrap(store.metadata as? MemoryMetadataStore).simulatePowerCut()
+        try XCTUnwrap(store.blobs as? MemoryBlobStore).simulatePowerCut()
+        try XCTUnwrap(store.work as? MemoryWorkArea).simulatePowerCut()
+    }
+
+    func testFsyncPublishesDurably() throws {
+        let store = makeMemoryStore()
+        var ino: UInt64 = 0
+        let synced = pattern(chunkSize + 300, seed: 2)
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp/Documents")
+            let (attrs, h) = try fs.create(parent: docs, name: b("db.sqlite"), mode: 0o644, flags: O_RDWR, caller: owner)
+            ino = attrs.ino
+            try fs.put(h, synced, at: 0)
+            try fs.fsync(handle: h, dataOnly: false)
+            XCTAssertEqual(try store.metadata.versions(of: ino).count, 1, "fsync published a version")
+            // Written after the fsync, never synced: may be lost, but never half.
+            try fs.put(h, b("later"), at: 0)
+            try powerCut(store)   // the daemon and the machine die here
+        }
+        let fs = try openFS(store)
+        assertBytes(try fs.contents("SugoiApp/Documents/db.sqlite"), synced)
+        XCTAssertEqual(try fs.getattr(ino).size, UInt64(synced.count))
+    }
+
+    func testFsyncWithNothingNewIsStillABarrier() throws {
+        let store = makeMemoryStore()
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp/Documents")
+            let ino = try fs.makeFile(docs, "a", b("published on close"))
+            let h = try fs.open(ino, flags: O_RDONLY)
+            try fs.fsync(handle: h, dataOnly: true)   // fsync(2) of a file whose data is already published
+            try fs.release(handle: h)
+            try powerCut(store)
+        }
+        assertBytes(try openFS(store).contents("SugoiApp/Documents/a"), b("published on close"))
+    }
+
+    /// DESIGN §4: after a power cut the store never holds metadata pointing at content that did not
+    /// reach the disk. Here file A is published on close (not durably), then another file is
+    /// fsync'ed: whatever state A ends in after the cut, it must be whole and readable.
+    func testFsyncOfOneFileDoesNotLeaveAnotherPointingAtLostContent() throws {
+        let store = makeMemoryStore()
+        let dataA = pattern(5000, seed: 4)
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp/Documents")
+            try fs.makeFile(docs, "a.txt", dataA)      // published on close, not durable
+            let (_, h) = try fs.create(parent: docs, name: b("b.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
+            try fs.put(h, b("synced"), at: 0)
+            try fs.fsync(handle: h, dataOnly: false)
+            try powerCut(store)
+        }
+        let fs = try openFS(store)
+        assertBytes(try fs.contents("SugoiApp/Documents/b.txt"), b("synced"))
+        if let a = try? fs.ino("SugoiApp/Documents/a.txt") {
+            do {
+                let got = try fs.contents(a)
+                XCTAssertTrue(got == dataA || got.isEmpty, "a.txt is neither its previous nor its new whole version")
+            } catch {
+                XCTFail("a.txt survived the power cut but cannot be read: \(error)")
+            }
+        }
+    }
+
+    /// The same within one file: v1 published on close (not durably), then a one-chunk change
+    /// fsync'ed. v2 shares v1's other chunks; after a power cut the file must read whole.
+    func testFsyncOfSmallChangeKeepsTheWholeFileAfterPowerCut() throws {
+        let store = makeMemoryStore()
+        let v1 = pattern(3 * chunkSize, seed: 6)
+        var v2 = v1
+        v2.replaceSubrange(chunkSize..<(chunkSize + 4), with: b("SYNC"))
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp/Documents")
+            let ino = try fs.makeFile(docs, "log", v1)
+            let h = try fs.open(ino, flags: O_RDWR)
+            try fs.put(h, b("SYNC"), at: UInt64(chunkSize))
+            try fs.fsync(handle: h, dataOnly: true)
+            try powerCut(store)
+        }
+        let fs = try openFS(store)
+        do {
+            let got = try fs.contents("SugoiApp/Documents/log")
+            assertBytes(got, v2, "fsync'ed data is never lost")
+        } catch {
+            XCTFail("the fsync'ed file cannot be read after a power cut: \(error)")
+        }
+    }
+
+    // MARK: crash recovery
+
+    func testCrashRecoveryKeepsPreviousVersionAndRecoversUnpublishedWork() throws {
+        let store = makeMemoryStore()
+        var kept: UInt64 = 0, fresh: UInt64 = 0, unlinked: UInt64 = 0
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp/Documents")
+            kept = try fs.makeFile(docs, "report.txt", b("previous whole version"))
+            let h = try fs.open(kept, flags: O_RDWR)
+            try fs.put(h, b("NEW BYTES"), at: 0)
+            let (attrs, h2) = try fs.create(parent: docs, name: b("new.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
+            fresh = attrs.ino
+            try fs.put(h2, b("never published"), at: 0)
+            let (gone, h3) = try fs.create(parent: docs, name: b("tmp"), mode: 0o644, flags: O_RDWR, caller: owner)
+            unlinked = gone.ino
+            try fs.put(h3, b("temporary"), at: 0)
+            try fs.unlink(parent: docs, name: b("tmp"))
+            // kill -9: no release, no publishAll; the filesystem object is dropped here.
+        }
+        let messages = LogBox()
+        let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, log: { messages.append($0) })
+        assertBytes(try fs.contents("SugoiApp/Documents/report.txt"), b("previous whole version"))
+        let versions = try store.metadata.versions(of: kept)
+        XCTAssertEqual(versions.count, 2)
+        XCTAssertEqual(versions.first?.origin, .published)
+        let recovered = try XCTUnwrap(versions.last)
+        XCTAssertEqual(recovered.origin, .recovered)
+        assertBytes(try bytes(of: recovered, in: store), b("NEW BYTESwhole version"))
+
+        XCTAssertEqual(try fs.getattr(fresh).size, 0, "a file never published is empty")
+        let freshVersions = try store.metadata.versions(of: fresh)
+        XCTAssertEqual(freshVersions.map(\.origin), [.recovered])
+        assertBytes(try bytes(of: XCTUnwrap(freshVersions.first), in: store), b("never published"))
+
+        assertErrno(ENOENT, try fs.getattr(unlinked), "a file unlinked while open does not come back")
+        XCTAssertEqual(try store.metadata.versions(of: unlinked), [])
+        XCTAssertEqual(try fs.names("SugoiApp/Documents"), ["new.txt", "report.txt"])
+        XCTAssertEqual(try store.work.leftovers().count, 0, "recovered working copies are gone")
+        XCTAssertFalse(messages.lines.isEmpty, "recovery is logged")
+
+        // Recovering again finds nothing more.
+        _ = try openFS(store)
+        XCTAssertEqual(try store.metadata.versions(of: kept).count, 2)
+    }
+
+    func testCrashRecoveryWithEmbeddedStore() throws {
+        let directory = embeddedDirectory()
+        var ino: UInt64 = 0
+        let base = pattern(2 * chunkSize + 10, seed: 7)
+        try embeddedSession(directory) { fs, _ in
+            ino = try fs.makeFile(try fs.ino("SugoiApp/Documents"), "big", base)
+        }
+        try embeddedSession(directory, publish: false) { fs, _ in
+            let h = try fs.open(ino, flags: O_RDWR)
+            try fs.put(h, b("CHANGED"), at: UInt64(chunkSize + 1))
+            // dropped without release or publishAll
+        }
+        try embeddedSession(directory) { fs, store in
+            assertBytes(try fs.contents(ino), base)
+            let versions = try store.metadata.versions(of: ino)
+            XCTAssertEqual(versions.map(\.origin), [.published, .recovered])
+            var expected = base
+            expected.replaceSubrange((chunkSize + 1)..<(chunkSize + 8), with: b("CHANGED"))
+            assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), expected)
+            XCTAssertEqual(try store.work.leftovers().count, 0)
+        }
+    }
+
+    // MARK: idle publishing
+
+    func testIdlePublish() throws {
+        let store = makeMemoryStore()
+        let fs = try openFS(store)
+        let docs = try fs.ino("SugoiApp/Documents")
+        let (attrs, h) = try fs.create(parent: docs, name: b("held.log"), mode: 0o644, flags: O_RDWR, caller: owner)
+        try fs.put(h, b("line 1\n"), at: 0)
+
+        fs.idlePublishNanoseconds = 3_600_000_000_000   // an hour: not idle yet
+        fs.publishIdle()
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 0)
+
+        fs.idlePublishNanoseconds = 0
+        fs.publishIdle()
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 1, "published while still open")
+        assertBytes(try openFS(store).contents("SugoiApp/Documents/held.log"), b("line 1\n"),
+                       "another view of the store sees it")
+        fs.publishIdle()
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 1, "nothing new, nothing published")
+
+        try fs.put(h, b("line 2\n"), at: 7)
+        assertBytes(try fs.get(h, at: 0, count: 100), b("line 1\nline 2\n"))
+        fs.publishIdle()
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 2)
+        try fs.release(handle: h)
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 2, "release after idle publish: nothing new")
+        assertBytes(try openFS(store).contents("SugoiApp/Documents/held.log"), b("line 1\nline 2\n"))
+    }
+}
