@@ -650,6 +650,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     } else {
                         if d.kind == .directory { throw FSError(EISDIR, "cannot replace a folder with a file") }
                         s.add(.deleteDirent(parent: to.ino, name: newName))
+                        let lastName = d.nlink == 1 && docsLock.withLock({ (docs[d.ino]?.opens ?? 0) == 0 })
+                        if lastName && d.kind == .regular && src.kind == .regular {
+                            // An editor's atomic save: the document's history goes on with the new file.
+                            s.add(.moveVersions(from: d.ino, to: src.ino))
+                        }
                         dropLink(&s, &d, now: now)
                     }
                     dst = d

@@ -72,6 +72,8 @@ struct Namespace: Sendable {
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let c):
             containers[c.identifier] = c
+        case .moveVersions:
+            break   // only older versions move; current chunk lists are unchanged
         case .setMeta(let key, let value):
             meta[key] = value
         }

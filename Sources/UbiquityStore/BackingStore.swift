@@ -163,6 +163,9 @@ public enum Mutation: Sendable, Equatable {
     case putVersion(VersionRecord)
     case putContainer(ContainerRecord)
     case setMeta(key: String, value: String)
+    /// Give every version of `from` to `to` (a file replaced by rename keeps its history with
+    /// the file that replaced it, as an editor's atomic save expects).
+    case moveVersions(from: InodeNumber, to: InodeNumber)
 }
 
 /// Everything the model keeps in memory, read once at start-up.

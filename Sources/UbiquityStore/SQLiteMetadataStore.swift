@@ -532,6 +532,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.text(7, c.manifestPath)
                 try b.uint(8, c.rootIno)
             }
+        case .moveVersions(let from, let to):
+            try run("UPDATE versions SET ino = ?2 WHERE ino = ?1") { b throws(StoreError) in
+                try b.uint(1, from)
+                try b.uint(2, to)
+            }
         case .setMeta(let key, let value):
             try run("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)") { b throws(StoreError) in
                 try b.text(1, key)
