@@ -20,7 +20,7 @@ let package = Package(
         // fault-injecting implementations.
         .target(name: "UbiquityStore", dependencies: ["CSQLite"]),
         // The filesystem model: namespace, views, document coordination. Knows nothing of FUSE.
-        .target(name: "UbiquityFileSystem", dependencies: ["UbiquityStore", "UbiquityManifests"]),
+        .target(name: "UbiquityFileSystem", dependencies: ["UbiquityStore"]),
         // The thin adapter from libfuse3's low-level API to the model.
         .target(name: "UbiquityFuse", dependencies: ["CFuse", "UbiquityFileSystem"]),
         // Subcommands, option parsing and the daemon's life cycle.
@@ -31,8 +31,7 @@ let package = Package(
 
         .testTarget(name: "ManifestsTests", dependencies: ["UbiquityManifests"]),
         .testTarget(name: "StoreTests", dependencies: ["UbiquityStore"]),
-        .testTarget(name: "FileSystemTests", dependencies: ["UbiquityFileSystem", "UbiquityStore",
-                                                           "UbiquityManifests"]),
+        .testTarget(name: "FileSystemTests", dependencies: ["UbiquityFileSystem", "UbiquityStore"]),
         // Mount the built binary for real; needs /dev/fuse and root (as CI has).
         .testTarget(name: "MountTests", dependencies: []),
     ],
