@@ -25,9 +25,15 @@ extension Registration {
 
 /// Manifests in `apps`, registered against what the store already holds (iCloud's rule).
 func registrations(apps: String, previous: [ContainerRecord], applyChanges: Bool) -> (RegistrationResult, [Diagnostic]) {
+    let (result, diagnostics, _) = registrationsAndManifests(apps: apps, previous: previous, applyChanges: applyChanges)
+    return (result, diagnostics)
+}
+
+func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyChanges: Bool)
+    -> (RegistrationResult, [Diagnostic], [AppManifest]) {
     let load = loadManifests(directory: apps)
     let result = register(previous: previous.map(Registration.init), manifests: load.manifests, applyChanges: applyChanges)
-    return (result, load.diagnostics + result.diagnostics)
+    return (result, load.diagnostics + result.diagnostics, load.manifests)
 }
 
 // MARK: - mount
@@ -321,14 +327,17 @@ let containersCommand = Subcommand(
             // Read-only look at the registry; works while a daemon has the store mounted.
             previous = try SQLiteMetadataStore(path: db).load().containers
         }
-        let (result, diagnostics) = registrations(apps: apps, previous: previous,
-                                                  applyChanges: p.flags.contains("--apply-manifest-changes"))
-        var rows = [["ID", "NAME", "PUBLIC", "LEVELS", "VERSION", "STATE"]]
+        let (result, diagnostics, manifests) = registrationsAndManifests(
+            apps: apps, previous: previous, applyChanges: p.flags.contains("--apply-manifest-changes"))
+        // An app's first declared container is its default (url(forUbiquityContainerIdentifier: nil)).
+        let defaults = Set(manifests.compactMap { $0.containers.first?.identifier })
+        var rows = [["ID", "NAME", "PUBLIC", "LEVELS", "VERSION", "STATE", "DEFAULT"]]
         for r in result.registrations.sorted(by: { $0.identifier < $1.identifier }) {
             rows.append([r.identifier, r.settings.name, r.settings.isPublic ? "yes" : "no",
-                         r.settings.folderLevels.rawValue, r.registeredVersion, r.active ? "active" : "inactive"])
+                         r.settings.folderLevels.rawValue, r.registeredVersion, r.active ? "active" : "inactive",
+                         defaults.contains(r.identifier) ? "yes" : "no"])
         }
-        let widths = (0..<6).map { c in rows.map { $0[c].count }.max() ?? 0 }
+        let widths = (0..<rows[0].count).map { c in rows.map { $0[c].count }.max() ?? 0 }
         for row in rows {
             writeOut(row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
                 .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
