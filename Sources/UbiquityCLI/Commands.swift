@@ -185,7 +185,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     try? "\(getpid())\n".write(toFile: pidFile, atomically: true, encoding: .utf8)
     log("mounted \(mountpoint) (\(view == .drive ? "drive view" : "app view"), pid \(getpid()))")
     if let readyFD {
-        report("ready")
+        tell("ready")
         close(readyFD)
     }
 

@@ -172,8 +172,13 @@ final class Document: @unchecked Sendable {
                 let allocated = allocatedBytes(base)
                 statLock.withLock { baseAllocated = allocated; dirtyCount = dirty.count }
             }
+            let created = work == nil
             try ensureWork()
-            try work!.truncate(to: Int(newSize))
+            do { try work!.truncate(to: Int(newSize)) } catch {
+                // Don't leave a fresh, unchanged working copy behind (recovery would find it).
+                if created && dirty.isEmpty { work?.remove(); work = nil }
+                throw error
+            }
             touch(size: newSize)
         }
     }

@@ -40,6 +40,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
     private var handles: [UInt64: Handle] = [:]       // guarded by docsLock
     private var nextHandle: UInt64 = 1                // guarded by docsLock
+    /// Kernel references (entry replies minus forgets) of nodes, counted only when the bridge
+    /// reports them: a node whose last name is gone lives on while the kernel still refers to
+    /// it (an O_PATH descriptor, a removed working folder), as on a local filesystem.
+    private var lookups: [InodeNumber: UInt64] = [:]  // guarded by docsLock
 
     private enum Handle {
         case file(Document, flags: Int32)
@@ -294,6 +298,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         case .containerFolder: throw FSError.readOnly("a container folder holds only Documents and is read-only")
         case .node(let n):
             guard n.kind == .directory else { throw FSError.notDir() }
+            if n.nlink == 0 { throw FSError.noEntry("the folder was removed") }
             return n
         }
     }
@@ -348,6 +353,44 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func getattr(_ ino: UInt64) throws -> Attributes {
         try ns.read { attributesOfTarget(try target(ino), ino: ino) }
+    }
+
+    // MARK: - kernel references
+
+    /// The kernel was given an entry for `ino` (lookup, create, mkdir, readdirplus, …).
+    public func remember(_ ino: UInt64) {
+        guard ino != Self.rootID, ino & Self.virtualBit == 0 else { return }
+        docsLock.withLock { lookups[ino, default: 0] += 1 }
+    }
+
+    /// The kernel dropped `count` references to `ino`.
+    public func forget(_ ino: UInt64, count: UInt64) {
+        let gone = docsLock.withLock { () -> Bool in
+            guard let c = lookups[ino] else { return false }
+            if c > count {
+                lookups[ino] = c - count
+                return false
+            }
+            lookups[ino] = nil
+            return true
+        }
+        if gone {
+            do { try deleteIfUnreferenced(ino) } catch { log("deleting unlinked inode \(ino) failed: \(error)") }
+        }
+    }
+
+    /// Caller holds docsLock.
+    private func isReferenced(_ ino: InodeNumber) -> Bool {
+        (docs[ino]?.opens ?? 0) > 0 || lookups[ino] != nil
+    }
+
+    /// Delete a node with no name left once nothing refers to it any more.
+    private func deleteIfUnreferenced(_ ino: InodeNumber) throws {
+        try mutate { s in
+            if let n = s.node(ino), n.nlink == 0, docsLock.withLock({ !isReferenced(ino) && docs[ino] == nil }) {
+                s.add(.deleteNode(n.ino))
+            }
+        }
     }
 
     // MARK: - lookup and listing
@@ -566,7 +609,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 guard n.kind == .directory else { throw FSError.notDir() }
                 if !(state.children[n.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "folder is not empty") }
                 s.add(.deleteDirent(parent: p.ino, name: name))
-                s.add(.deleteNode(n.ino))
+                if docsLock.withLock({ isReferenced(n.ino) }) {
+                    n.nlink = 0
+                    n.ctime = now
+                    s.put(n)
+                } else {
+                    s.add(.deleteNode(n.ino))
+                }
                 p.nlink -= 1
             } else {
                 if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
@@ -583,8 +632,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private func dropLink(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
         n.nlink -= 1
         n.ctime = now
-        let open = docsLock.withLock { (docs[n.ino]?.opens ?? 0) > 0 }
-        if n.nlink == 0 && !open {
+        let referenced = docsLock.withLock { isReferenced(n.ino) }
+        if n.nlink == 0 && !referenced {
             s.add(.deleteNode(n.ino))
         } else {
             s.put(n)
@@ -645,11 +694,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                         guard d.kind == .directory else { throw FSError.notDir("cannot replace a file with a folder") }
                         if !(state.children[d.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "target folder is not empty") }
                         s.add(.deleteDirent(parent: to.ino, name: newName))
-                        s.add(.deleteNode(d.ino))
+                        if docsLock.withLock({ isReferenced(d.ino) }) {
+                            d.nlink = 0
+                            d.ctime = now
+                            s.put(d)
+                        } else {
+                            s.add(.deleteNode(d.ino))
+                        }
                         parents[to.ino]!.nlink -= 1
                     } else {
                         if d.kind == .directory { throw FSError(EISDIR, "cannot replace a folder with a file") }
                         s.add(.deleteDirent(parent: to.ino, name: newName))
+                        // (The kernel's own reference to the replaced file does not count here.)
                         let lastName = d.nlink == 1 && docsLock.withLock({ (docs[d.ino]?.opens ?? 0) == 0 })
                         if lastName && d.kind == .regular && src.kind == .regular {
                             // An editor's atomic save: the document's history goes on with the new file.
@@ -855,13 +911,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 docs[doc.ino] = nil
             }
         }
-        if deleted {
-            try mutate { s in
-                if let n = s.node(doc.ino), n.nlink == 0, docsLock.withLock({ docs[doc.ino] == nil }) {
-                    s.add(.deleteNode(n.ino))
-                }
-            }
-        }
+        if deleted { try deleteIfUnreferenced(doc.ino) }
         if let failure {
             log("publish of inode \(doc.ino) failed, its working copy is kept: \(failure)")
             throw FSError(failure)

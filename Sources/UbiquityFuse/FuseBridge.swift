@@ -89,9 +89,12 @@ private func entryOf(_ a: Attributes) -> fuse_entry_param {
     return e
 }
 
+/// Reply with an entry; the kernel now holds one more reference to the node (until `forget`).
 private func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
     var e = entryOf(a)
-    fuse_reply_entry(req, &e)
+    let fs = bridge(req).fs
+    fs.remember(a.ino)
+    if fuse_reply_entry(req, &e) != 0 { fs.forget(a.ino, count: 1) }
 }
 
 private func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
@@ -117,15 +120,21 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         do { replyEntry(req, try bridge(req).fs.lookup(parent: parent, name: name(cname))) }
-        catch { fail(req, "lookup", parent, error, quiet: [ENOENT]) }
+        catch { fail(req, "lookup", parent, error, quiet: [ENOENT, ENAMETOOLONG]) }
     }
 
-    ops.forget = { req, _, _ in
-        // Nodes live in memory for as long as they exist; nothing to free per kernel reference.
+    ops.forget = { req, ino, count in
+        bridge(req).fs.forget(ino, count: count)
         fuse_reply_none(req)
     }
 
-    ops.forget_multi = { req, _, _ in fuse_reply_none(req) }
+    ops.forget_multi = { req, count, forgets in
+        let fs = bridge(req).fs
+        for i in 0..<count {
+            if let f = forgets?[i] { fs.forget(f.ino, count: f.nlookup) }
+        }
+        fuse_reply_none(req)
+    }
 
     ops.getattr = { req, ino, _ in
         do { replyAttr(req, try bridge(req).fs.getattr(ino)) }
@@ -190,7 +199,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             try bridge(req).fs.rename(parent: parent, name: name(cname), newParent: newParent, newName: name(newName),
                                       flags: RenameFlags(rawValue: UInt32(flags)))
             fuse_reply_err(req, 0)
-        } catch { fail(req, "rename", parent, error) }
+        } catch { fail(req, "rename", parent, error, quiet: [ENOENT, ENOTEMPTY, EEXIST]) }
     }
 
     ops.link = { req, ino, newParent, newName in
@@ -213,7 +222,11 @@ func makeOperations() -> fuse_lowlevel_ops {
                                                             flags: fi.pointee.flags, caller: caller(req))
             fi.pointee.fh = handle
             var e = entryOf(attrs)
-            if fuse_reply_create(req, &e, fi) != 0 { try? bridge(req).fs.release(handle: handle) }
+            bridge(req).fs.remember(attrs.ino)
+            if fuse_reply_create(req, &e, fi) != 0 {
+                bridge(req).fs.forget(attrs.ino, count: 1)
+                try? bridge(req).fs.release(handle: handle)
+            }
         } catch { fail(req, "create", parent, error, quiet: [EEXIST]) }
     }
 
@@ -344,7 +357,10 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
     let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
     defer { buffer.deallocate() }
     var used = 0
+    // readdirplus entries with a node id count as lookups, once the reply is sent.
+    var added: [UInt64] = []
     for entry in entries {
+        var counted: UInt64?
         var cname = entry.name
         cname.append(0)
         let needed: Int = cname.withUnsafeBufferPointer { p in
@@ -352,11 +368,12 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
                 let isDot = entry.name == [0x2e] || entry.name == [0x2e, 0x2e]
                 if plus {
                     var e = fuse_entry_param()
-                    if !isDot {
-                        // An entry removed since opendir is skipped (offsets stay valid).
-                        guard let a = try? b.fs.getattr(entry.ino) else { return 0 }
+                    if !isDot, let a = try? b.fs.lookup(parent: ino, name: entry.name), a.ino == entry.ino {
                         e = entryOf(a)
+                        counted = a.ino
                     } else {
+                        // "." and "..", or a name that changed since opendir's snapshot: list it
+                        // without a node id, so the kernel caches no name → node binding for it.
                         e.attr.st_ino = __ino_t(entry.ino)
                         e.attr.st_mode = __mode_t(entry.kind.typeBits)
                     }
@@ -371,8 +388,12 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
         }
         if needed > size - used { break }
         used += needed
+        if let counted { added.append(counted) }
     }
-    fuse_reply_buf(req, buffer, used)
+    for ino in added { b.fs.remember(ino) }
+    if fuse_reply_buf(req, buffer, used) != 0 {
+        for ino in added { b.fs.forget(ino, count: 1) }
+    }
 }
 
 /// A mounted FUSE session serving one filesystem.
