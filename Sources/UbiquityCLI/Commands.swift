@@ -41,7 +41,7 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--keep-versions N] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
@@ -49,6 +49,7 @@ let mountCommand = Subcommand(
         ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
         ("--foreground", "stay in the foreground and log to stderr too"),
         ("--apply-manifest-changes", "apply container settings edited without raising CFBundleVersion"),
+        ("--keep-versions=", "published versions kept per file, newest first (default 64, at least 2)"),
         ("--ready-fd=", "(internal) descriptor to report readiness on"),
     ],
     positionals: 1...1,
@@ -60,6 +61,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     guard FileManager.default.fileExists(atPath: mountpoint, isDirectory: &isDir), isDir.boolValue else {
         writeError("ubiquityfs mount: \(mountpoint) is not an existing folder; create it first (mkdir -p \(mountpoint))")
         return ExitCode.failure
+    }
+    if let keep = p.value("--keep-versions"), (Int(keep) ?? 0) < 2 {
+        throw UsageError(message: "--keep-versions needs a number of at least 2")
     }
     if let fd = p.value("--ready-fd") {
         guard let n = Int32(fd) else { throw UsageError(message: "--ready-fd needs a number") }
@@ -175,6 +179,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         report("ubiquityfs mount: cannot open the filesystem: \(error)")
         return ExitCode.failure
     }
+    if let keep = p.value("--keep-versions").flatMap({ Int($0) }) { fs.versionsToKeep = keep }
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
     let session: FuseSession
     do { session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, log: log) } catch {

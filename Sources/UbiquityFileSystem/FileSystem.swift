@@ -31,9 +31,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     let ownerGID = getgid()
     /// Publish files held open after this long without a change.
     public var idlePublishNanoseconds: UInt64 = 2_000_000_000
+    /// Published versions kept per file (the newest ones; recovered versions are never pruned).
+    /// Pruning runs when a file has half as many again, so it costs one listing per many publishes.
+    public var versionsToKeep = 64
 
     private let ns = RWLock()
     private var state: Namespace                      // guarded by ns
+    private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
     private var active: [String: ContainerInfo] = [:] // guarded by ns
 
     private let docsLock = Lock()
@@ -195,14 +199,45 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Run `body` under the namespace write lock; commit what it staged; apply it to memory.
     @discardableResult
     private func mutate<T>(durable: Bool = false, _ body: (inout Staging) throws -> T) throws -> T {
-        try ns.write {
+        var garbage: Set<BlobID> = []
+        let result = try ns.write {
             var staging = Staging(state)
             let result = try body(&staging)
             if !staging.mutations.isEmpty {
+                garbage = try blobsFreed(by: staging)
                 do { try store.metadata.commit(staging.mutations, durable: durable) } catch { throw FSError(error) }
                 state.apply(staging.mutations)
+                for case .deleteNode(let ino) in staging.mutations { versionCounts[ino] = nil }
             }
             return result
+        }
+        free(garbage)
+        return result
+    }
+
+    /// Blobs no version refers to once `staging` commits: those of deleted files' versions and
+    /// of pruned versions. Caller holds ns for writing.
+    private func blobsFreed(by staging: Staging) throws -> Set<BlobID> {
+        var movedAway: Set<InodeNumber> = []
+        var deletedVersions: Set<VersionID> = []
+        for m in staging.mutations {
+            if case .moveVersions(let from, _) = m { movedAway.insert(from) }
+            if case .deleteVersion(let id) = m { deletedVersions.insert(id) }
+        }
+        var freed: Set<BlobID> = []
+        for case .deleteNode(let ino) in staging.mutations where !movedAway.contains(ino) && state.nodes[ino]?.kind == .regular {
+            do {
+                for v in try store.metadata.versions(of: ino) { freed.formUnion(v.chunks.lazy.filter { !$0.isHole }.map(\.blob)) }
+            } catch { throw FSError(error) }
+        }
+        return freed.union(staging.prunedBlobs)
+    }
+
+    /// Delete blob files after the commit that unreferenced them (a crash in between leaves
+    /// garbage that start-up collects, never a reference to a missing blob).
+    private func free(_ blobs: Set<BlobID>) {
+        for blob in blobs {
+            do { try store.blobs.delete(blob) } catch { log("freeing content chunk \(blob) failed: \(error)") }
         }
     }
 
@@ -937,6 +972,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 let id = s.newVersion()
                 s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                                 chunks: chunks, origin: .published, device: self.device)))
+                try self.prune(&s, ino: n.ino, adding: chunks)
                 n.size = size
                 n.mtime = max(n.mtime, mtime)
                 n.ctime = max(n.ctime, ctime)
@@ -945,6 +981,32 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 return id
             }
         }
+    }
+
+    /// Count the version being added to `ino`; past the retention limit (plus slack), stage the
+    /// deletion of the oldest published versions and note the blobs only they used.
+    /// Caller holds ns for writing (inside `mutate`).
+    private func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
+        let keep = max(versionsToKeep, 2)
+        let count: Int
+        if let known = versionCounts[ino] { count = known + 1 } else {
+            do { count = try store.metadata.versions(of: ino).count + 1 } catch { throw FSError(error) }
+        }
+        versionCounts[ino] = count
+        guard count > keep + keep / 2 else { return }
+        let all: [VersionRecord]
+        do { all = try store.metadata.versions(of: ino) } catch { throw FSError(error) }
+        let published = all.filter { $0.origin == .published && $0.id != state.nodes[ino]?.currentVersion }
+        let excess = count - keep
+        let doomed = published.prefix(excess)
+        let doomedIDs = Set(doomed.map(\.id))
+        var stillUsed = Set(chunks.map(\.blob))
+        for v in all where !doomedIDs.contains(v.id) { stillUsed.formUnion(v.chunks.map(\.blob)) }
+        for v in doomed {
+            s.add(.deleteVersion(v.id))
+            for c in v.chunks where !c.isHole && !stillUsed.contains(c.blob) { s.prunedBlobs.insert(c.blob) }
+        }
+        versionCounts[ino] = count - doomed.count
     }
 
     /// Publish files held open that have not changed for the idle time. The daemon calls this

@@ -72,7 +72,7 @@ struct Namespace: Sendable {
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let c):
             containers[c.identifier] = c
-        case .moveVersions:
+        case .moveVersions, .deleteVersion:
             break   // only older versions move; current chunk lists are unchanged
         case .setMeta(let key, let value):
             meta[key] = value
@@ -84,6 +84,8 @@ struct Namespace: Sendable {
 struct Staging {
     let base: Namespace
     private(set) var mutations: [Mutation] = []
+    /// Blobs of versions this batch prunes that no remaining version uses.
+    var prunedBlobs: Set<BlobID> = []
     private var staged: [InodeNumber: NodeRecord] = [:]
     private var nextIno: InodeNumber
     private var nextVersion: VersionID

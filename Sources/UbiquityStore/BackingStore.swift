@@ -166,6 +166,8 @@ public enum Mutation: Sendable, Equatable {
     /// Give every version of `from` to `to` (a file replaced by rename keeps its history with
     /// the file that replaced it, as an editor's atomic save expects).
     case moveVersions(from: InodeNumber, to: InodeNumber)
+    /// Forget one version (retention); its blobs are the caller's to free.
+    case deleteVersion(VersionID)
 }
 
 /// Everything the model keeps in memory, read once at start-up.

@@ -101,6 +101,8 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
                     s.maxVersion = max(s.maxVersion, v.id)
                 case .putContainer(let c):
                     s.containers[c.identifier] = c
+                case .deleteVersion(let id):
+                    s.versions[id] = nil
                 case .moveVersions(let from, let to):
                     for (id, v) in s.versions where v.ino == from { s.versions[id]!.ino = to }
                 case .setMeta(let key, let value):

@@ -532,6 +532,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.text(7, c.manifestPath)
                 try b.uint(8, c.rootIno)
             }
+        case .deleteVersion(let id):
+            try run("DELETE FROM versions WHERE id = ?1") { b throws(StoreError) in try b.int(1, id) }
         case .moveVersions(let from, let to):
             try run("UPDATE versions SET ino = ?2 WHERE ino = ?1") { b throws(StoreError) in
                 try b.uint(1, from)

@@ -46,4 +46,30 @@ final class VersionHistoryTests: XCTestCase {
         assertBytes(try fs.get(h, at: 0, count: 3), b("old"))
         try fs.release(handle: h)
     }
+
+    func testRetentionKeepsTheNewestVersionsAndFreesOnlyUnusedContent() throws {
+        let store = makeMemoryStore()
+        let blobs = store.blobs as! MemoryBlobStore
+        let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+        fs.versionsToKeep = 4
+        let docs = try fs.ino("SugoiApp/Documents")
+        // Two chunks: the first never changes (shared by every version), the second always does.
+        let shared = pattern(chunkSize, seed: 3)
+        let file = try fs.makeFile(docs, "log.bin", shared + b("v0"))
+        for i in 1...20 { try fs.writeFile(file, b("v\(i)"), at: UInt64(chunkSize)) }
+
+        let versions = try store.metadata.versions(of: file)
+        XCTAssertGreaterThanOrEqual(versions.count, 4)
+        XCTAssertLessThanOrEqual(versions.count, 6, "pruned down to the limit plus its slack")
+        for v in versions {
+            XCTAssertTrue(v.chunks.allSatisfy { blobs.verify($0) }, "version \(v.id) lost content that it still uses")
+        }
+        // Only the kept versions' chunks are stored: the shared first chunk once, plus one per version.
+        XCTAssertEqual(blobs.blobIDs.count, 1 + versions.count)
+        assertBytes(try fs.contents(file), shared + b("v20"))
+
+        // Deleting the file frees its content at once.
+        try fs.unlink(parent: docs, name: b("log.bin"))
+        XCTAssertEqual(blobs.blobIDs.count, 0)
+    }
 }

@@ -407,6 +407,46 @@ final class PosixTests: MountTestCase {
         assertShell("printf ' third' >> \(shellQuote(path))")
         XCTAssertEqual(Posix.preadText(reader), "first second third")
     }
+
+    /// A listing taken before a rename must not make the kernel bind the old name to the moved
+    /// file: creating the old name afterwards makes a new file and leaves the moved one alone.
+    func testListingTakenBeforeARenameDoesNotBindTheOldName() throws {
+        try mount()
+        let script = """
+        import os
+        open("a", "w").write("precious\\n")
+        fd = os.open(".", os.O_DIRECTORY)
+        os.rename("a", "b")
+        os.listdir(fd)
+        open("a", "w").write("new\\n")
+        print(open("b").read().strip(), open("a").read().strip(), sorted(os.listdir(".")))
+        """
+        let r = assertShell("python3 -c \(shellQuote(script))", cwd: dir)
+        XCTAssertEqual(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines), "precious new ['a', 'b']")
+    }
+
+    /// A file whose last name is gone stays usable through a descriptor that holds no open file
+    /// (O_PATH), and a removed working folder still answers stat with a link count of 0.
+    func testNamelessNodesLiveWhileTheKernelRefersToThem() throws {
+        try mount()
+        let script = """
+        import os
+        open("p", "w").write("data")
+        fd = os.open("p", os.O_PATH)
+        os.unlink("p")
+        print(os.fstat(fd).st_nlink, open("/proc/self/fd/%d" % fd).read())
+        os.mkdir("d")
+        os.chdir("d")
+        os.rmdir("../d")
+        print(os.stat(".").st_nlink)
+        try:
+            open("x", "w")
+        except OSError as e:
+            print(e.errno == 2)
+        """
+        let r = assertShell("python3 -c \(shellQuote(script))", cwd: dir)
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), ["0 data", "0", "True"])
+    }
 }
 
 extension Result {
