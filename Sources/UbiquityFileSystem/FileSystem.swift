@@ -644,13 +644,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 guard n.kind == .directory else { throw FSError.notDir() }
                 if !(state.children[n.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "folder is not empty") }
                 s.add(.deleteDirent(parent: p.ino, name: name))
-                if docsLock.withLock({ isReferenced(n.ino) }) {
-                    n.nlink = 0
-                    n.ctime = now
-                    s.put(n)
-                } else {
-                    s.add(.deleteNode(n.ino))
-                }
+                dropFolder(&s, &n, now: now)
                 p.nlink -= 1
             } else {
                 if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
@@ -672,6 +666,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             s.add(.deleteNode(n.ino))
         } else {
             s.put(n)
+        }
+    }
+
+    /// A folder's only name is gone: delete it, or keep it nameless while the kernel still refers
+    /// to it (a process's working folder).
+    private func dropFolder(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
+        if docsLock.withLock({ isReferenced(n.ino) }) {
+            n.nlink = 0
+            n.ctime = now
+            s.put(n)
+        } else {
+            s.add(.deleteNode(n.ino))
         }
     }
 
@@ -729,13 +735,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                         guard d.kind == .directory else { throw FSError.notDir("cannot replace a file with a folder") }
                         if !(state.children[d.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "target folder is not empty") }
                         s.add(.deleteDirent(parent: to.ino, name: newName))
-                        if docsLock.withLock({ isReferenced(d.ino) }) {
-                            d.nlink = 0
-                            d.ctime = now
-                            s.put(d)
-                        } else {
-                            s.add(.deleteNode(d.ino))
-                        }
+                        dropFolder(&s, &d, now: now)
                         parents[to.ino]!.nlink -= 1
                     } else {
                         if d.kind == .directory { throw FSError(EISDIR, "cannot replace a folder with a file") }
