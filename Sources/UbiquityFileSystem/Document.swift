@@ -271,11 +271,20 @@ final class Document: @unchecked Sendable {
             let st = stat()
             guard st.unpublished else { return }
             let chunks = try writeChunks(durable: false)
-            // Durable: the new version may reuse chunks of earlier versions published without
-            // fsync, so make every blob durable (one syncfs), not just the ones written now.
-            if durable { try store.blobs.syncAll() }
-            if let id = try commit(chunks, st.size, st.mtime, st.ctime, durable) {
+            let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
+            do {
+                // Durable: the new version may reuse chunks of earlier versions published without
+                // fsync, so make every blob durable (one syncfs), not just the ones written now.
+                if durable { try store.blobs.syncAll() }
+                guard let id = try commit(chunks, st.size, st.mtime, st.ctime, durable) else {
+                    // The file is gone: nothing refers to the chunks just written.
+                    for blob in written { try? store.blobs.delete(blob) }
+                    return
+                }
                 baseVersion = id
+            } catch {
+                for blob in written { try? store.blobs.delete(blob) }
+                throw error
             }
             base = chunks
             dirty = []

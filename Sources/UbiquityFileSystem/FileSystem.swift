@@ -421,6 +421,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// Delete a node with no name left once nothing refers to it any more.
     private func deleteIfUnreferenced(_ ino: InodeNumber) throws {
+        guard isNameless(ino) else { return }
+        let doc: Document? = docsLock.withLock {
+            guard !isReferenced(ino), let doc = docs[ino] else { return nil }
+            docs[ino] = nil
+            return doc
+        }
+        doc?.discard()
         try mutate { s in
             if let n = s.node(ino), n.nlink == 0, docsLock.withLock({ !isReferenced(ino) && docs[ino] == nil }) {
                 s.add(.deleteNode(n.ino))
@@ -937,20 +944,21 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             return doc.opens == 0
         }
         guard last else { return }
-        var failure: Error?
-        do { try publish(doc, durable: false) } catch { failure = error }
-        let deleted = ns.read { (state.nodes[doc.ino]?.nlink ?? 0) == 0 }
-        if deleted { doc.discard() }
-        docsLock.withLock {
-            if doc.opens == 0 && (deleted || !doc.hasUnpublishedChanges) && docs[doc.ino] === doc {
-                docs[doc.ino] = nil
-            }
+        if isNameless(doc.ino) {
+            // Nothing to publish for a file without a name; its working copy lives on while the
+            // kernel still refers to it (a reopen through /proc sees the same bytes).
+            try deleteIfUnreferenced(doc.ino)
+            return
         }
-        if deleted { try deleteIfUnreferenced(doc.ino) }
-        if let failure {
-            log("publish of inode \(doc.ino) failed, its working copy is kept: \(failure)")
-            throw FSError(failure)
+        do { try publish(doc, durable: false) } catch {
+            log("publish of inode \(doc.ino) failed, its working copy is kept: \(error)")
+            throw FSError(error)
         }
+        dropIfIdle(doc)
+    }
+
+    private func isNameless(_ ino: InodeNumber) -> Bool {
+        ns.read { (state.nodes[ino]?.nlink ?? 0) == 0 }
     }
 
     /// Forget a document nobody has open once it holds nothing unpublished.
@@ -966,6 +974,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     private func publish(_ doc: Document, durable: Bool) throws {
+        // A nameless file is never published (it is deleted once nothing refers to it). If its
+        // last name goes while this publish runs, the commit below adds nothing and the
+        // document deletes the chunks it wrote.
+        if isNameless(doc.ino) { return }
         try doc.publish(durable: durable) { chunks, size, mtime, ctime, durable in
             try self.mutate(durable: durable) { s in
                 guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
@@ -996,7 +1008,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         guard count > keep + keep / 2 else { return }
         let all: [VersionRecord]
         do { all = try store.metadata.versions(of: ino) } catch { throw FSError(error) }
-        let published = all.filter { $0.origin == .published && $0.id != state.nodes[ino]?.currentVersion }
+        // A file replaced by rename that the kernel still refers to keeps showing its current
+        // version, which moved to this file's history: never prune one of those.
+        let shown = Set(state.nodes.values.lazy.filter { $0.nlink == 0 }.compactMap(\.currentVersion))
+        let published = all.filter {
+            $0.origin == .published && $0.id != state.nodes[ino]?.currentVersion && !shown.contains($0.id)
+        }
         let excess = count - keep
         let doomed = published.prefix(excess)
         let doomedIDs = Set(doomed.map(\.id))
