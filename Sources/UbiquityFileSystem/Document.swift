@@ -304,11 +304,6 @@ final class Document: @unchecked Sendable {
             statLock.withLock { publishedSeq = writeSeq; dirtyCount = 0 }
         }
     }
-
-    /// Make the working copy durable without publishing (unused now: fsync publishes).
-    func syncWork() throws {
-        try lock.read { try work?.sync() }
-    }
 }
 
 func isAllZero(_ bytes: UnsafeRawBufferPointer) -> Bool {

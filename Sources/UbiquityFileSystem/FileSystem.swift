@@ -323,8 +323,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         return d <= limit
     }
 
-    /// The kernel id of a real node as this view shows it.
-    private func kernelID(_ n: NodeRecord) -> UInt64 { n.ino }
 
     /// A folder in which entries may be changed, or the error to refuse with.
     private func writableDirectory(_ ino: UInt64) throws -> NodeRecord {
@@ -373,7 +371,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         case .regular: break
         default: size = 0; allocated = 0
         }
-        return Attributes(ino: kernelID(n), mode: n.kind.typeBits | n.mode, nlink: n.nlink, uid: n.uid, gid: n.gid,
+        return Attributes(ino: n.ino, mode: n.kind.typeBits | n.mode, nlink: n.nlink, uid: n.uid, gid: n.gid,
                           size: size, blocks: (allocated + 511) / 512, atime: n.atime, mtime: mtime, ctime: ctime,
                           rdev: n.rdev)
     }
