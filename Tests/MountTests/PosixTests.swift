@@ -408,6 +408,39 @@ final class PosixTests: MountTestCase {
         XCTAssertEqual(Posix.preadText(reader), "first second third")
     }
 
+    /// POSIX (fcntl) and BSD (flock) advisory locks work between local processes.
+    func testAdvisoryLocksBetweenProcesses() throws {
+        try mount()
+        let probe = """
+        import fcntl
+        g = open("locked", "r+")
+        for what in ("flock", "lockf"):
+            try:
+                if what == "flock":
+                    fcntl.flock(g, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                else:
+                    fcntl.lockf(g, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+                print(what, "taken")
+            except OSError:
+                print(what, "busy")
+        """
+        let script = """
+        import fcntl, subprocess, sys
+        open("locked", "w").write("x")
+        f = open("locked", "r+")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.lockf(f, fcntl.LOCK_EX, 1, 0)
+        probe = sys.argv[1]
+        print(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip())
+        fcntl.flock(f, fcntl.LOCK_UN)
+        fcntl.lockf(f, fcntl.LOCK_UN, 1, 0)
+        print(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip())
+        """
+        let r = assertShell("python3 -c \(shellQuote(script)) \(shellQuote(probe))", cwd: dir)
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init),
+                       ["flock busy", "lockf busy", "flock taken", "lockf taken"])
+    }
+
     /// A listing taken before a rename must not make the kernel bind the old name to the moved
     /// file: creating the old name afterwards makes a new file and leaves the moved one alone.
     func testListingTakenBeforeARenameDoesNotBindTheOldName() throws {
