@@ -108,13 +108,13 @@ public enum View: Sendable, Equatable {
     case app(bundleIdentifier: String)
 }
 
-/// A registered container as the model uses it.
+/// A registered container as the model is given it (the store's `ContainerRecord` adds the root
+/// folder's inode, which the model assigns; `active` is decided afresh at every start).
 public struct ContainerInfo: Sendable, Equatable {
     public var identifier: String
     public var bundleIdentifier: String
     public var name: String
     public var isPublic: Bool
-    /// Max folder depth inside Documents; nil = unlimited.
     /// "None", "One" or "Any".
     public var folderLevels: String
     public var registeredVersion: String
