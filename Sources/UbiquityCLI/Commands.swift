@@ -187,7 +187,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         return ExitCode.failure
     }
     let pidFile = storeDir + "/daemon.pid"
-    try? "\(getpid())\n".write(toFile: pidFile, atomically: true, encoding: .utf8)
+    writePIDFile(pidFile)
     log("mounted \(mountpoint) (\(view == .drive ? "drive view" : "app view"), pid \(getpid()))")
     if let readyFD {
         tell("ready")
@@ -376,3 +376,15 @@ let checkCommand = Subcommand(
 /// getxattr(2): <sys/xattr.h> is not part of Glibc's Swift module.
 @_silgen_name("getxattr")
 func c_getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int
+
+/// Write our pid to `path` atomically (temp file + rename). Not Foundation's atomic write: on
+/// Linux it leaves a TemporaryDirectory.* folder behind in /tmp on every call.
+func writePIDFile(_ path: String) {
+    let temp = path + ".tmp"
+    let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+    guard fd >= 0 else { return }
+    let text = "\(getpid())\n"
+    _ = text.withCString { write(fd, $0, strlen($0)) }
+    close(fd)
+    rename(temp, path)
+}
