@@ -36,6 +36,8 @@ func manifestCandidates(in directory: String) throws -> [String] {
             var innerIsDirectory: ObjCBool = false
             if fm.fileExists(atPath: inner, isDirectory: &innerIsDirectory), !innerIsDirectory.boolValue {
                 found.append(name + "/Info.plist")
+            } else if name.hasSuffix(".plist") {
+                found.append(name)   // a folder that looks like a manifest gets a diagnostic
             }
         } else if name.hasSuffix(".plist") {
             found.append(name)   // includes broken links, which then get a diagnostic
@@ -130,6 +132,10 @@ private func readManifestFile(_ path: String) -> FileRead {
             return problem("the file cannot be read: it is a broken symbolic link", "point the link at a manifest or remove it")
         }
         return problem("the file cannot be read: \(String(cString: strerror(reason)))", "check that it exists and is readable")
+    }
+    if (info.st_mode & mode_t(S_IFMT)) == mode_t(S_IFDIR) {
+        return problem("is a folder, not a manifest file (and it holds no Info.plist)",
+                       "put the app's Info.plist inside it, or rename or remove the folder")
     }
     // Never open a FIFO, socket or device: reading one could block the daemon.
     guard (info.st_mode & mode_t(S_IFMT)) == mode_t(S_IFREG) else {

@@ -78,7 +78,7 @@ struct ManifestParser {
             let fix = bytes.starts(with: Array("bplist".utf8))
                 ? "regenerate it as a bplist00 or XML property list (e.g. plutil -convert xml1, or python3's plistlib)"
                 : "fix it so it is an XML property list (<plist><dict>…</dict></plist>); xmllint --noout shows where the XML breaks"
-            self.error(nil, error.message, fix)
+            self.error(nil, error.message, error.fix ?? fix)
             return nil
         }
         guard case .dictionary(let entries) = root else {

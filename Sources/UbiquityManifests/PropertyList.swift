@@ -54,9 +54,16 @@ enum PlistValue: Sendable, Equatable {
 /// Why a file is not a property list. `message` completes "FILE: error: <message>".
 struct PlistReadError: Error, Equatable {
     var message: String
+    /// What to do about it, when the reader knows better than the generic advice.
+    var fix: String? = nil
 }
 
 enum PlistFormat: Sendable { case xml, binary }
+
+/// Deepest nesting of arrays and dictionaries either reader accepts. An Info.plist nests a few
+/// levels; the cap keeps every walk over a parsed value (its teardown included, which Swift does
+/// recursively) far from the stack's limit, whatever the file holds.
+let maximumPlistNesting = 512
 
 /// Reads an XML or binary property list, keeping dictionary key order.
 func readPropertyList(_ bytes: [UInt8]) throws(PlistReadError) -> (PlistValue, PlistFormat) {
@@ -81,13 +88,20 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
 
     private var stack: [Frame] = []
     private var result: PlistValue?
-    private var failure: String?
+    private var failure: PlistReadError?
     private weak var parser: XMLParser?
 
     static func read(_ bytes: [UInt8]) throws(PlistReadError) -> PlistValue {
         if bytes.allSatisfy({ $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 }) {
             throw PlistReadError(message: bytes.isEmpty ? "the file is empty"
                                                         : "the file holds only white space")
+        }
+        // libxml2 reports bad UTF-8 late (at the end of the file) and Foundation's XMLParser traps
+        // on it in element names, so find it first, where the bytes are.
+        if let bad = invalidUTF8(bytes) {
+            let (line, column) = lineAndColumn(of: bad, in: bytes)
+            throw PlistReadError(message: "the file is not valid UTF-8: byte 0x\(String(bytes[bad], radix: 16, uppercase: true)) at line \(line), column \(column) is not part of a UTF-8 character",
+                                 fix: "save the file as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8), or declare its encoding in <?xml … encoding=\"…\"?>")
         }
         let parser = XMLParser(data: Data(bytes))
         let builder = XMLPlistReader()
@@ -96,13 +110,16 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
         parser.shouldResolveExternalEntities = false
         let ok = parser.parse()
         // Linux's XMLParser can return true *and* set parserError (e.g. on a mismatched end tag).
-        if let failure = builder.failure {
-            throw PlistReadError(message: failure)
-        }
+        if let failure = builder.failure { throw failure }
         if !ok || parser.parserError != nil {
             let looksLikeXML = bytes.drop(while: { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 || $0 == 0xEF || $0 == 0xBB || $0 == 0xBF }).first == UInt8(ascii: "<")
             if !looksLikeXML {
                 throw PlistReadError(message: "the file is neither an XML nor a binary (bplist00) property list")
+            }
+            if let run = longestTextRun(bytes), run.length >= xmlTextLimit - 4096 {
+                let (line, _) = lineAndColumn(of: run.start, in: bytes)
+                throw PlistReadError(message: "a value at line \(line) is \(run.length) bytes long; the XML reader (libxml2) stops at \(xmlTextLimit) bytes, so values this long cannot be read",
+                                 fix: "shorten the value; an Info.plist value is a few KB at most")
             }
             throw PlistReadError(message: "the file is not well-formed XML (syntax error at line \(parser.lineNumber), column \(parser.columnNumber))")
         }
@@ -112,10 +129,10 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
         return value
     }
 
-    private func fail(_ message: String) {
+    private func fail(_ message: String, fix: String? = nil) {
         guard failure == nil else { return }
         let line = parser?.lineNumber ?? 0
-        failure = "the file is not a valid XML property list: \(message) at line \(line)"
+        failure = PlistReadError(message: "the file is not a valid XML property list: \(message) at line \(line)", fix: fix)
         parser?.abortParsing()
     }
 
@@ -151,6 +168,10 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
             if elementName == "key" { return fail("<key> inside an <array>") }
         case .text(let element, _)?, .empty(let element)?:
             return fail("<\(elementName)> inside <\(element)>")
+        }
+        if (elementName == "dict" || elementName == "array") && stack.count > maximumPlistNesting {
+            return fail("arrays and dictionaries are nested more than \(maximumPlistNesting) levels deep",
+                        fix: "an Info.plist nests a few levels; remove the deep nesting")
         }
         switch elementName {
         case "dict": stack.append(.dictionary([], pendingKey: nil))
@@ -244,6 +265,75 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
     }
 }
 
+/// libxml2's limit (XML_MAX_LOOKUP_LIMIT) on how far it looks for the next markup without the
+/// XML_PARSE_HUGE option, which Foundation's XMLParser does not set.
+let xmlTextLimit = 10_000_000
+
+/// The longest text between markup: from a ">" to the next "<" (or the file's end).
+private func longestTextRun(_ bytes: [UInt8]) -> (start: Int, length: Int)? {
+    var best: (start: Int, length: Int)?
+    var start = 0
+    for i in 0...bytes.count {
+        let b = i < bytes.count ? bytes[i] : UInt8(ascii: "<")
+        if b == UInt8(ascii: ">") {
+            start = i + 1
+        } else if b == UInt8(ascii: "<") {
+            if i - start > (best?.length ?? -1) { best = (start, i - start) }
+            start = i + 1
+        }
+    }
+    return best
+}
+
+/// Offset of the first byte that is not part of a valid UTF-8 sequence, or nil. Files that say
+/// they are in another encoding (a UTF-16 or UTF-32 byte order mark, or an `encoding=` other than
+/// UTF-8 in the XML declaration) are left to the XML reader.
+func invalidUTF8(_ bytes: [UInt8]) -> Int? {
+    if bytes.starts(with: [0xFE, 0xFF]) || bytes.starts(with: [0xFF, 0xFE]) || bytes.starts(with: [0, 0]) { return nil }
+    if bytes.starts(with: Array("<?xml".utf8)) {
+        let declaration = String(decoding: bytes.prefix(while: { $0 != UInt8(ascii: ">") }).prefix(200), as: UTF8.self).lowercased()
+        if let range = declaration.range(of: "encoding=") {
+            let value = declaration[range.upperBound...].dropFirst().prefix { $0 != "\"" && $0 != "'" }
+            if value != "utf-8" && value != "utf8" { return nil }
+        }
+    }
+    var i = 0
+    let n = bytes.count
+    while i < n {
+        let b = bytes[i]
+        if b < 0x80 { i += 1; continue }
+        let length: Int
+        var minimum: UInt32
+        var scalar: UInt32
+        switch b {
+        case 0xC2...0xDF: length = 2; minimum = 0x80; scalar = UInt32(b & 0x1F)
+        case 0xE0...0xEF: length = 3; minimum = 0x800; scalar = UInt32(b & 0x0F)
+        case 0xF0...0xF4: length = 4; minimum = 0x10000; scalar = UInt32(b & 0x07)
+        default: return i
+        }
+        guard i + length <= n else { return i }
+        for k in 1..<length {
+            let c = bytes[i + k]
+            guard c & 0xC0 == 0x80 else { return i }
+            scalar = scalar << 6 | UInt32(c & 0x3F)
+        }
+        if scalar < minimum || scalar > 0x10FFFF || (0xD800...0xDFFF).contains(scalar) { return i }
+        i += length
+    }
+    return nil
+}
+
+/// 1-based line and column (in bytes) of `offset`.
+func lineAndColumn(of offset: Int, in bytes: [UInt8]) -> (line: Int, column: Int) {
+    var line = 1
+    var lineStart = 0
+    for i in 0..<min(offset, bytes.count) where bytes[i] == 0x0A {
+        line += 1
+        lineStart = i + 1
+    }
+    return (line, offset - lineStart + 1)
+}
+
 // MARK: - Binary
 
 /// Reads `bplist00` files: header, objects, offset table, 32-byte trailer.
@@ -320,7 +410,7 @@ struct BinaryPlistReader {
 
     private mutating func object(_ index: Int, depth: Int) throws(PlistReadError) -> PlistValue {
         guard index < offsets.count else { throw bad("reference to a missing object") }
-        guard depth < 512 else { throw bad("nesting too deep") }
+        guard depth < maximumPlistNesting else { throw bad("arrays and dictionaries are nested more than \(maximumPlistNesting) levels deep") }
         guard !inProgress.contains(index) else { throw bad("an object contains itself") }
         objectsDecoded += 1
         guard objectsDecoded <= 1_000_000 else { throw bad("too many objects") }

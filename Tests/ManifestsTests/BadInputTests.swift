@@ -82,6 +82,85 @@ final class BadInputTests: XCTestCase {
         ])
     }
 
+    func testFolderNamedLikeAManifest() throws {
+        let dir = TempDir()
+        defer { dir.remove() }
+        dir.write("Good.plist", goodManifest)
+        try FileManager.default.createDirectory(atPath: dir.file("X.plist"), withIntermediateDirectories: false)
+        let load = loadManifests(directory: dir.path)
+        XCTAssertEqual(load.manifests.map(\.bundleIdentifier), ["com.x.Good"])
+        XCTAssertEqual(lines(load.diagnostics, in: dir.path), [
+            "X.plist: error: is a folder, not a manifest file (and it holds no Info.plist); put the app's Info.plist inside it, or rename or remove the folder",
+        ])
+    }
+
+    // MARK: Hostile input: nesting, sizes, encodings
+
+    /// Far deeper than the stack could hold if reading or tearing down the value recursed.
+    private let hostileDepth = 100_000
+
+    func testDeeplyNestedXMLIsRefused() {
+        for (open, close) in [("<array>", "</array>"), ("<dict><key>k</key>", "</dict>")] {
+            let body = "<key>Deep</key>" + String(repeating: open, count: hostileDepth) + "<true/>"
+                + String(repeating: close, count: hostileDepth)
+            assertLines(appXML(extra: body), [
+                "Bad.plist: error: the file is not a valid XML property list: arrays and dictionaries are nested more than 512 levels deep at line 8; an Info.plist nests a few levels; remove the deep nesting",
+            ])
+        }
+    }
+
+    func testNestingUpToTheLimitLoads() {
+        let body = "<key>Deep</key>" + String(repeating: "<array>", count: 500) + String(repeating: "</array>", count: 500)
+        XCTAssertEqual(loadOne(appXML(extra: body)).diagnostics, [])
+    }
+
+    func testDeeplyNestedBinaryIsRefused() {
+        // Object k is a one-element array holding object k+1; the last is `false`.
+        var body: [UInt8] = []
+        var offsets: [Int] = []
+        for k in 0..<hostileDepth {
+            offsets.append(8 + body.count)
+            if k == hostileDepth - 1 { body.append(0x08) } else { body += [0xA1] + BinaryPlistWriter.bigEndian(UInt64(k + 1), size: 4) }
+        }
+        var bytes = Array("bplist00".utf8) + body
+        let table = bytes.count
+        for o in offsets { bytes += BinaryPlistWriter.bigEndian(UInt64(o), size: 4) }
+        bytes += [0, 0, 0, 0, 0, 0, 4, 4] + BinaryPlistWriter.bigEndian(UInt64(hostileDepth), size: 8)
+            + BinaryPlistWriter.bigEndian(0, size: 8) + BinaryPlistWriter.bigEndian(UInt64(table), size: 8)
+        let (diagnostics, _) = loadBad(bytes)
+        XCTAssertEqual(diagnostics.map(\.message), [
+            "the file is not a valid binary property list: arrays and dictionaries are nested more than 512 levels deep",
+        ])
+    }
+
+    func testValueOverTheXMLReadersLimit() {
+        // Valid for Apple's readers, but libxml2 (without XML_PARSE_HUGE) stops at 10,000,000 bytes.
+        let big = String(repeating: "a", count: 15_000_000)
+        assertLines(appXML(extra: "<key>Big</key>\n<string>\(big)</string>"), [
+            "Bad.plist: error: a value at line 9 is 15000000 bytes long; the XML reader (libxml2) stops at 10000000 bytes, so values this long cannot be read; shorten the value; an Info.plist value is a few KB at most",
+        ])
+    }
+
+    func testInvalidUTF8IsReportedWhereItIs() {
+        var bytes = Array(appXML(extra: "<key>A</key><string>x</string>").utf8)
+        let at = bytes.firstRange(of: Array("<key>A".utf8))!.lowerBound + 2   // inside the element name
+        bytes[at] = 0xFF
+        assertLines(bytes, [
+            "Bad.plist: error: the file is not valid UTF-8: byte 0xFF at line \(lineAndColumn(of: at, in: bytes).line), column 3 is not part of a UTF-8 character; save the file as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8), or declare its encoding in <?xml … encoding=\"…\"?>",
+        ])
+        // Also in a value, and for a truncated sequence or an overlong encoding.
+        for bad: [UInt8] in [[0xC3], [0xC0, 0xAF], [0xED, 0xA0, 0x80]] {
+            var b = Array(appXML(extra: "<key>A</key><string>x</string>").utf8)
+            let v = b.firstRange(of: Array(">x<".utf8))!.lowerBound + 1
+            b.replaceSubrange(v..<(v + 1), with: bad)
+            let (diagnostics, _) = loadBad(b)
+            XCTAssertEqual(diagnostics.count, 1)
+            XCTAssertTrue(diagnostics[0].message.hasPrefix("the file is not valid UTF-8: byte 0x\(String(bad[0], radix: 16, uppercase: true)) at line "), diagnostics[0].message)
+        }
+        // Valid multi-byte UTF-8 is fine.
+        XCTAssertNil(invalidUTF8(Array("Café ☕ 𝄞".utf8)))
+    }
+
     // MARK: Required keys and types
 
     func testMissingBundleIdentifier() {
