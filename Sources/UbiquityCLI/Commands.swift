@@ -206,7 +206,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     return failures.isEmpty ? ExitCode.success : ExitCode.failure
 }
 
-/// Publishes files held open once they have been idle (DESIGN §3), once a second.
+/// Publishes files held open once they have been idle (so readers elsewhere see them), once a second.
 final class IdlePublisher: @unchecked Sendable {
     private let fs: UbiquityFileSystem
     private let condition = NSCondition()

@@ -3,7 +3,8 @@
 // without a kernel.
 //
 // Node ids. Kernel node ids are the store's inode numbers, which are never reused; the mount root
-// is 1 and the drive view's per-container folders are virtual ids (`virtualBit | container root`).
+// is 1 and the only node that is not in the store. In the drive view each container folder *is*
+// the container's Documents node (as Finder shows it), so everything below the root is real.
 // All metadata lives in memory (`Namespace`), so `forget` has nothing to free and a node can
 // always be found by id while it exists.
 //
@@ -21,7 +22,6 @@ import UbiquityStore
 
 public final class UbiquityFileSystem: @unchecked Sendable {
     public static let rootID: UInt64 = 1
-    static let virtualBit: UInt64 = 1 << 62
 
     public let view: View
     let store: BackingStore
@@ -253,20 +253,19 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     private enum Target {
         case root
-        case containerFolder(ContainerRecord)
         case node(NodeRecord)
     }
 
     private func target(_ ino: UInt64) throws -> Target {
         if ino == Self.rootID { return .root }
-        if ino & Self.virtualBit != 0 {
-            let rootIno = ino & ~Self.virtualBit
-            guard case .drive = view, let c = state.containers.values.first(where: { $0.rootIno == rootIno }),
-                  isShown(c) else { throw FSError.noEntry("no such container folder") }
-            return .containerFolder(c)
-        }
         guard let n = state.nodes[ino], let c = state.containers[n.container], isShown(c) else {
             throw FSError.noEntry("no node \(ino)")
+        }
+        // The drive view reaches only what is inside Documents. The kernel knows only ids this
+        // view gave it, so only folders (which another view may move out of Documents) need the
+        // walk; a file's every name is in the folders it was reached through.
+        if case .drive = view, n.kind == .directory, depth(of: n.ino, in: c) == nil {
+            throw FSError.noEntry("node \(ino) is outside Documents")
         }
         return .node(n)
     }
@@ -287,6 +286,15 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         switch view {
         case .drive: return Array(c.name.utf8)
         case .app: return Array(c.identifier.utf8)
+        }
+    }
+
+    /// The node a container's folder at the mount root shows: Documents in the drive view, the
+    /// whole container in the app view.
+    private func containerFolderIno(_ c: ContainerRecord) -> InodeNumber? {
+        switch view {
+        case .drive: return documentsIno(c)
+        case .app: return c.rootIno
         }
     }
 
@@ -328,7 +336,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private func writableDirectory(_ ino: UInt64) throws -> NodeRecord {
         switch try target(ino) {
         case .root: throw FSError.readOnly("the mount root is read-only")
-        case .containerFolder: throw FSError.readOnly("a container folder holds only Documents and is read-only")
         case .node(let n):
             guard n.kind == .directory else { throw FSError.notDir() }
             if n.nlink == 0 { throw FSError.noEntry("the folder was removed") }
@@ -345,9 +352,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - attributes
 
-    private func virtualAttributes(ino: UInt64, entries: Int) -> Attributes {
-        Attributes(ino: ino, mode: UInt32(S_IFDIR) | 0o555, nlink: UInt32(2 + entries), uid: ownerUID, gid: ownerGID,
-                   size: 4096, blocks: 8, atime: mountTime, mtime: mountTime, ctime: mountTime, rdev: 0)
+    /// The mount root: read-only, one subfolder per shown container. Caller holds ns.
+    private func rootAttributes() -> Attributes {
+        Attributes(ino: Self.rootID, mode: UInt32(S_IFDIR) | 0o555, nlink: UInt32(2 + shownContainers().count),
+                   uid: ownerUID, gid: ownerGID, size: 4096, blocks: 8, atime: mountTime, mtime: mountTime,
+                   ctime: mountTime, rdev: 0)
     }
 
     /// Attributes of a real node; `doc` (looked up under ns) overrides size and times while open.
@@ -378,8 +387,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     private func attributesOfTarget(_ t: Target, ino: UInt64) -> Attributes {
         switch t {
-        case .root: return virtualAttributes(ino: ino, entries: shownContainers().count)
-        case .containerFolder: return virtualAttributes(ino: ino, entries: 1)
+        case .root: return rootAttributes()
         case .node(let n): return attributes(n, doc: docsLock.withLock { docs[n.ino] })
         }
     }
@@ -392,7 +400,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// The kernel was given an entry for `ino` (lookup, create, mkdir, readdirplus, …).
     public func remember(_ ino: UInt64) {
-        guard ino != Self.rootID, ino & Self.virtualBit == 0 else { return }
+        guard ino != Self.rootID else { return }
         docsLock.withLock { lookups[ino, default: 0] += 1 }
     }
 
@@ -443,17 +451,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if name == [0x2e, 0x2e] { return try parentAttributes(t) }
             switch t {
             case .root:
-                guard let c = shownContainers().first(where: { containerFolderName($0) == name }) else {
+                guard let c = shownContainers().first(where: { containerFolderName($0) == name }),
+                      let folder = containerFolderIno(c), let n = state.nodes[folder] else {
                     throw FSError.noEntry()
                 }
-                if case .drive = view {
-                    let id = Self.virtualBit | c.rootIno
-                    return virtualAttributes(ino: id, entries: 1)
-                }
-                guard let n = state.nodes[c.rootIno] else { throw FSError.noEntry() }
-                return attributes(n, doc: nil)
-            case .containerFolder(let c):
-                guard name == documentsName, let d = documentsIno(c), let n = state.nodes[d] else { throw FSError.noEntry() }
                 return attributes(n, doc: nil)
             case .node(let dir):
                 guard dir.kind == .directory else { throw FSError.notDir() }
@@ -467,13 +468,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     private func parentAttributes(_ t: Target) throws -> Attributes {
         switch t {
-        case .root: return virtualAttributes(ino: Self.rootID, entries: shownContainers().count)
-        case .containerFolder: return virtualAttributes(ino: Self.rootID, entries: shownContainers().count)
+        case .root: return rootAttributes()
         case .node(let n):
             guard let c = state.containers[n.container] else { throw FSError.noEntry() }
-            if n.ino == c.rootIno { return virtualAttributes(ino: Self.rootID, entries: shownContainers().count) }
+            if n.ino == containerFolderIno(c) { return rootAttributes() }
             guard let p = state.parent[n.ino], let pn = state.nodes[p] else { throw FSError.noEntry() }
-            if case .drive = view, p == c.rootIno { return virtualAttributes(ino: Self.virtualBit | c.rootIno, entries: 1) }
             return attributes(pn, doc: nil)
         }
     }
@@ -488,12 +487,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             case .root:
                 list.append(([0x2e, 0x2e], ino, .directory))
                 for c in shownContainers() {
-                    if case .drive = view { list.append((containerFolderName(c), Self.virtualBit | c.rootIno, .directory)) }
-                    else { list.append((containerFolderName(c), c.rootIno, .directory)) }
+                    if let folder = containerFolderIno(c) { list.append((containerFolderName(c), folder, .directory)) }
                 }
-            case .containerFolder(let c):
-                list.append(([0x2e, 0x2e], Self.rootID, .directory))
-                if let d = documentsIno(c) { list.append((documentsName, d, .directory)) }
             case .node(let dir):
                 guard dir.kind == .directory else { throw FSError.notDir() }
                 list.append(([0x2e, 0x2e], (try? parentAttributes(t).ino) ?? Self.rootID, .directory))
@@ -536,7 +531,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if case .drive = view, let c = state.containers[dir.container], let limit = active[c.identifier]?.maxDepth {
                 guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
                 if d + 1 > limit {
-                    throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s) in Documents")
+                    throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s)")
                 }
             }
             var p = dir
@@ -605,7 +600,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func link(_ ino: UInt64, newParent: UInt64, newName: [UInt8]) throws -> Attributes {
         try check(name: newName)
         return try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "cannot link a container folder") }
+            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "cannot link the mount root") }
             if n.kind == .directory { throw FSError(EPERM, "cannot hard-link a folder") }
             var p = try writableDirectory(newParent)
             if p.container != n.container { throw FSError(EXDEV, "hard links cannot cross containers") }
@@ -790,7 +785,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         // hold folders the app made past the limit).
         if let from = state.parent[n.ino], let old = depth(of: from, in: c), d <= old { return }
         if d + 1 + height(of: n.ino) > limit {
-            throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s) in Documents")
+            throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s)")
         }
     }
 
@@ -809,7 +804,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             do { try doc.truncate(to: size) } catch { throw FSError(error) }
         }
         return try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError.readOnly("container folders are read-only") }
+            guard case .node(var n) = try target(ino) else { throw FSError.readOnly("the mount root is read-only") }
             let now = nowNanoseconds()
             var changed = false
             if let mode = changes.mode { n.mode = mode & 0o7777; changed = true }
@@ -1083,7 +1078,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
         if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
         try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "container folders have no attributes") }
+            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
             let exists = state.xattrs[n.ino]?[name] != nil
             if flags & xattrCreate != 0 && exists { throw FSError(EEXIST, "attribute exists") }
             if flags & xattrReplace != 0 && !exists { throw FSError(ENODATA, "no such attribute") }
@@ -1128,7 +1123,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
         let a = try getattr(ino)
         if mask == F_OK { return }
-        if mask & W_OK != 0, ino == Self.rootID || ino & Self.virtualBit != 0 {
+        if mask & W_OK != 0, ino == Self.rootID {
             throw FSError(EACCES, "read-only folder")
         }
         if caller.uid == 0 {

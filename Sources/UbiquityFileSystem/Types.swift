@@ -100,9 +100,10 @@ public struct FileSystemStatistics: Sendable, Equatable {
     public var nameMax: UInt64
 }
 
-/// Which namespace a mount shows (DESIGN §2).
+/// Which namespace a mount shows.
 public enum View: Sendable, Equatable {
-    /// Root lists public containers by name; each holds `Documents`; folder levels enforced.
+    /// Root lists public containers by name; each of those folders is the container's `Documents`
+    /// (as Finder shows iCloud Drive); folder levels enforced; nothing outside Documents is reachable.
     case drive
     /// One app's containers whole, by container identifier; no level limit.
     case app(bundleIdentifier: String)

@@ -1,12 +1,11 @@
-// DESIGN §2: the drive view (public containers by name, read-only root and container folders,
-// folder levels) and the app view (one app's containers whole, by identifier).
+// The drive view (public containers by name, each folder being the container's Documents as
+// Finder shows it, a read-only root, folder levels) and the app view (one app's containers whole,
+// by identifier).
 
 import Foundation
 import XCTest
 import UbiquityFileSystem
 import UbiquityStore
-
-private let virtualBit: UInt64 = 1 << 62
 
 final class DriveViewTests: XCTestCase {
     var store: BackingStore!
@@ -51,15 +50,37 @@ final class DriveViewTests: XCTestCase {
         XCTAssertEqual(try fs.readdir(handle: h, offset: all.count), [])
         XCTAssertTrue(all.allSatisfy { $0.kind == .directory })
 
+        // The container folder is the container's Documents: the same node the app sees there.
         let container = try fs.lookup(parent: fsRoot, name: b("SugoiApp"))
         XCTAssertEqual(container.kind, .directory)
-        XCTAssertEqual(container.nlink, 3)
+        XCTAssertEqual(container.nlink, 2, "an empty Documents folder")
+        XCTAssertEqual(container.mode & 0o200, 0o200, "the owner may write in it")
+        XCTAssertEqual(all.first { $0.name == b("SugoiApp") }?.ino, container.ino, "readdir and lookup agree")
         XCTAssertEqual(try fs.lookup(parent: container.ino, name: b("..")).ino, fsRoot)
-        let docs = try fs.lookup(parent: container.ino, name: b("Documents"))
-        XCTAssertEqual(try fs.lookup(parent: docs.ino, name: b("..")).ino, container.ino)
-        XCTAssertEqual(try fs.lookup(parent: docs.ino, name: b(".")).ino, docs.ino)
+        XCTAssertEqual(try fs.lookup(parent: container.ino, name: b(".")).ino, container.ino)
+        assertErrno(ENOENT, try fs.lookup(parent: container.ino, name: b("Documents")), "no Documents inside it")
         assertErrno(ENOENT, try fs.lookup(parent: fsRoot, name: b("iCloud.com.example.SugoiApp")),
                     "the drive view names containers by name, not identifier")
+    }
+
+    /// Seed 000: TestDrive writes Documents/MyTextFile.txt; the user finds TestDrive/MyTextFile.txt.
+    func testFilesTheAppPutsInDocumentsAreInTheContainerFolder() throws {
+        // (One store, one model at a time: each is opened after the other is done.)
+        fs = nil
+        do {
+            let app = try appView("com.example.TestDrive")
+            try app.makeFile(try app.ino("iCloud.com.example.TestDrive/Documents"), "MyTextFile.txt", b("Hello"))
+        }
+        do {
+            let drive = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+            XCTAssertEqual(try drive.names("TestDrive"), ["MyTextFile.txt"])
+            assertBytes(try drive.contents("TestDrive/MyTextFile.txt"), b("Hello"))
+            // And the other way round: what the user makes in the container folder is in Documents.
+            try drive.makeFile(try drive.ino("TestDrive"), "FromLinux.txt", b("Hi"))
+        }
+        let app = try appView("com.example.TestDrive")
+        XCTAssertEqual(try app.names("iCloud.com.example.TestDrive/Documents"), ["FromLinux.txt", "MyTextFile.txt"])
+        XCTAssertEqual(try app.names("iCloud.com.example.TestDrive"), ["Documents"])
     }
 
     func testPrivateContainersAreUnreachable() throws {
@@ -76,7 +97,7 @@ final class DriveViewTests: XCTestCase {
         assertErrno(ENOENT, try drive.lookup(parent: fsRoot, name: b("Secret")), "lookup by name")
         assertErrno(ENOENT, try drive.lookup(parent: fsRoot, name: b("iCloud.com.example.Secret")), "lookup by id")
         let root = try rootIno(Sample.secret)
-        for ino in [root, virtualBit | root, secretDocs, file, folder] {
+        for ino in [root, secretDocs, file, folder] {
             assertErrno(ENOENT, try drive.getattr(ino), "getattr \(ino)")
             assertErrno(ENOENT, try drive.opendir(ino), "opendir \(ino)")
             assertErrno(ENOENT, try drive.lookup(parent: ino, name: b("diary.txt")), "lookup in \(ino)")
@@ -86,7 +107,7 @@ final class DriveViewTests: XCTestCase {
         }
         assertErrno(ENOENT, try drive.open(file, flags: O_RDONLY), "open by id")
         assertErrno(ENOENT, try drive.readlink(file), "readlink by id")
-        let sugoiDocs = try drive.ino("SugoiApp/Documents")
+        let sugoiDocs = try drive.ino("SugoiApp")
         assertErrno(ENOENT, try drive.link(file, newParent: sugoiDocs, newName: b("stolen")), "link by id")
         assertErrno(ENOENT, try drive.setattr(file, AttributeChanges(mode: 0o777), handle: nil, caller: owner),
                     "setattr by id")
@@ -96,58 +117,87 @@ final class DriveViewTests: XCTestCase {
         assertBytes(try app.contents(file), b("private"))
     }
 
-    func testContainerFolderHoldsOnlyDocuments() throws {
+    func testNothingOutsideDocumentsIsReachable() throws {
         // The app's private data beside Documents is not shown in the drive view.
         let app = try appView("com.example.SugoiApp")
         let containerRoot = try app.ino("iCloud.com.example.SugoiApp")
-        _ = try app.mkdir(parent: containerRoot, name: b("Library"), mode: 0o755, caller: owner)
-        try app.makeFile(containerRoot, "settings.plist", b("<plist/>"))
+        let library = try app.mkdir(parent: containerRoot, name: b("Library"), mode: 0o755, caller: owner).ino
+        let caches = try app.mkdir(parent: library, name: b("Caches"), mode: 0o755, caller: owner).ino
+        let settings = try app.makeFile(containerRoot, "settings.plist", b("<plist/>"))
         XCTAssertEqual(try app.names(containerRoot), ["Documents", "Library", "settings.plist"])
 
         let drive = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
         for name in ["TestDrive", "SugoiApp", "Notes"] {
-            XCTAssertEqual(try drive.names(name), ["Documents"], name)
+            XCTAssertEqual(try drive.names(name), [], name)
         }
         let sugoi = try drive.ino("SugoiApp")
-        assertErrno(ENOENT, try drive.lookup(parent: sugoi, name: b("Library")))
-        assertErrno(ENOENT, try drive.lookup(parent: sugoi, name: b("settings.plist")))
-        // ".." of Documents is the container folder, not the container's real root.
-        let docs = try drive.ino("SugoiApp/Documents")
-        XCTAssertEqual(try drive.lookup(parent: docs, name: b("..")).ino, sugoi)
+        for name in ["Library", "settings.plist", "Documents"] {
+            assertErrno(ENOENT, try drive.lookup(parent: sugoi, name: b(name)), name)
+        }
+        // Not by id either: the container's real root and the folders beside Documents.
+        for ino in [containerRoot, library, caches] {
+            assertErrno(ENOENT, try drive.getattr(ino), "getattr \(ino)")
+            assertErrno(ENOENT, try drive.opendir(ino), "opendir \(ino)")
+            assertErrno(ENOENT, try drive.lookup(parent: ino, name: b("..")), "lookup .. of \(ino)")
+            assertErrno(ENOENT, try drive.create(parent: ino, name: b("x"), mode: 0o644, flags: O_RDWR, caller: owner),
+                        "create in \(ino)")
+            assertErrno(ENOENT, try drive.rename(parent: ino, name: b("settings.plist"), newParent: sugoi, newName: b("s"),
+                                                 flags: []), "rename out of \(ino)")
+            assertErrno(ENOENT, try drive.rename(parent: sugoi, name: b("x"), newParent: ino, newName: b("x"),
+                                                 flags: []), "rename into \(ino)")
+        }
+        assertErrno(ENOENT, try drive.unlink(parent: containerRoot, name: b("settings.plist")), "unlink beside Documents")
+        assertBytes(try app.contents(settings), b("<plist/>"))
+        // ".." of the container folder is the mount root, not the container's real root.
+        XCTAssertEqual(try drive.lookup(parent: sugoi, name: b("..")).ino, fsRoot)
+        let h = try drive.opendir(sugoi)
+        defer { drive.releasedir(handle: h) }
+        XCTAssertEqual(try drive.readdir(handle: h, offset: 0).first { $0.name == b("..") }?.ino, fsRoot)
     }
 
-    func testRootAndContainerFoldersRefuseChanges() throws {
-        let docs = try fs.ino("SugoiApp/Documents")
-        let file = try fs.makeFile(docs, "f.txt", b("x"))
+    func testFilesAndFoldersAreMadeDirectlyInTheContainerFolder() throws {
         let sugoi = try fs.ino("SugoiApp")
-        for (dir, label) in [(fsRoot, "root"), (sugoi, "container folder")] {
-            assertErrno(EACCES, try fs.create(parent: dir, name: b("new"), mode: 0o644, flags: O_RDWR, caller: owner),
-                        "create in \(label)")
-            assertErrno(EACCES, try fs.mkdir(parent: dir, name: b("new"), mode: 0o755, caller: owner), "mkdir in \(label)")
-            assertErrno(EACCES, try fs.mknod(parent: dir, name: b("fifo"), mode: UInt32(S_IFIFO) | 0o644, rdev: 0,
-                                             caller: owner), "mknod in \(label)")
-            assertErrno(EACCES, try fs.symlink(parent: dir, name: b("l"), target: b("x"), caller: owner),
-                        "symlink in \(label)")
-            assertErrno(EACCES, try fs.link(file, newParent: dir, newName: b("hard")), "link into \(label)")
-            assertErrno(EACCES, try fs.rename(parent: docs, name: b("f.txt"), newParent: dir, newName: b("f.txt"),
-                                              flags: []), "rename into \(label)")
-        }
+        let file = try fs.makeFile(sugoi, "Report.txt", b("draft"))
+        let folder = try fs.mkdir(parent: sugoi, name: b("Drafts"), mode: 0o755, caller: owner).ino
+        XCTAssertEqual(try fs.getattr(sugoi).nlink, 3)
+        _ = try fs.symlink(parent: sugoi, name: b("link"), target: b("Report.txt"), caller: owner)
+        try fs.rename(parent: sugoi, name: b("Report.txt"), newParent: folder, newName: b("Report.txt"), flags: [])
+        try fs.rename(parent: folder, name: b("Report.txt"), newParent: sugoi, newName: b("Final.txt"), flags: [])
+        XCTAssertEqual(try fs.names(sugoi), ["Drafts", "Final.txt", "link"])
+        assertBytes(try fs.contents(file), b("draft"))
+        try fs.unlink(parent: sugoi, name: b("link"))
+        try fs.unlink(parent: sugoi, name: b("Final.txt"))
+        try fs.rmdir(parent: sugoi, name: b("Drafts"))
+        XCTAssertEqual(try fs.names(sugoi), [])
+        XCTAssertNoThrow(try fs.setxattr(sugoi, name: b("user.tag"), value: b("v"), flags: 0))
+    }
+
+    func testRootAndContainerFoldersCannotBeChanged() throws {
+        let docs = try fs.ino("SugoiApp")
+        let file = try fs.makeFile(docs, "f.txt", b("x"))
+        assertErrno(EACCES, try fs.create(parent: fsRoot, name: b("new"), mode: 0o644, flags: O_RDWR, caller: owner),
+                    "create in root")
+        assertErrno(EACCES, try fs.mkdir(parent: fsRoot, name: b("new"), mode: 0o755, caller: owner), "mkdir in root")
+        assertErrno(EACCES, try fs.mknod(parent: fsRoot, name: b("fifo"), mode: UInt32(S_IFIFO) | 0o644, rdev: 0,
+                                         caller: owner), "mknod in root")
+        assertErrno(EACCES, try fs.symlink(parent: fsRoot, name: b("l"), target: b("x"), caller: owner), "symlink in root")
+        assertErrno(EACCES, try fs.link(file, newParent: fsRoot, newName: b("hard")), "link into root")
+        assertErrno(EACCES, try fs.rename(parent: docs, name: b("f.txt"), newParent: fsRoot, newName: b("f.txt"),
+                                          flags: []), "rename into root")
+        // The container folders themselves: not removed, renamed, replaced or moved.
         assertErrno(EACCES, try fs.unlink(parent: fsRoot, name: b("SugoiApp")), "unlink at root")
         assertErrno(EACCES, try fs.rmdir(parent: fsRoot, name: b("SugoiApp")), "rmdir at root")
+        assertErrno(EACCES, try fs.rmdir(parent: fsRoot, name: b("Notes")), "rmdir an empty container folder")
         assertErrno(EACCES, try fs.rename(parent: fsRoot, name: b("SugoiApp"), newParent: fsRoot, newName: b("Other"),
                                           flags: []), "rename at root")
-        assertErrno(EACCES, try fs.rmdir(parent: sugoi, name: b("Documents")), "rmdir Documents")
-        assertErrno(EACCES, try fs.unlink(parent: sugoi, name: b("Documents")), "unlink Documents")
-        assertErrno(EACCES, try fs.rename(parent: sugoi, name: b("Documents"), newParent: sugoi, newName: b("Docs"),
-                                          flags: []), "rename Documents")
-        assertErrno(EACCES, try fs.rename(parent: sugoi, name: b("Documents"), newParent: docs, newName: b("Docs"),
-                                          flags: []), "move Documents")
+        assertErrno(EACCES, try fs.rename(parent: fsRoot, name: b("SugoiApp"), newParent: fsRoot, newName: b("Notes"),
+                                          flags: .exchange), "exchange at root")
+        assertErrno(EACCES, try fs.rename(parent: fsRoot, name: b("Notes"), newParent: docs, newName: b("Notes"),
+                                          flags: []), "move a container folder into another")
         assertErrno(EACCES, try fs.setattr(fsRoot, AttributeChanges(mode: 0o777), handle: nil, caller: owner), "chmod root")
         assertErrno(EACCES, try fs.access(fsRoot, mask: W_OK, caller: owner), "access(W_OK) of root")
-        assertErrno(EACCES, try fs.access(sugoi, mask: W_OK, caller: owner), "access(W_OK) of a container folder")
-        XCTAssertNoThrow(try fs.access(docs, mask: W_OK, caller: owner))
+        XCTAssertNoThrow(try fs.access(docs, mask: W_OK, caller: owner), "the container folder is writable")
         XCTAssertEqual(try fs.names(fsRoot), ["Notes", "SugoiApp", "TestDrive"])
-        XCTAssertEqual(try fs.names(sugoi), ["Documents"])
         XCTAssertEqual(try fs.names(docs), ["f.txt"])
     }
 
@@ -155,7 +205,7 @@ final class DriveViewTests: XCTestCase {
 
     func testMkdirFollowsFolderLevels() throws {
         // None: no folder at all in Documents; files are fine.
-        let testDrive = try fs.ino("TestDrive/Documents")
+        let testDrive = try fs.ino("TestDrive")
         assertErrno(EPERM, try fs.mkdir(parent: testDrive, name: b("folder"), mode: 0o755, caller: owner), "None")
         assertErrno(EPERM, try fs.mknod(parent: testDrive, name: b("folder"), mode: UInt32(S_IFDIR) | 0o755, rdev: 0,
                                         caller: owner), "None, mknod S_IFDIR")
@@ -163,22 +213,22 @@ final class DriveViewTests: XCTestCase {
         XCTAssertEqual(try fs.names(testDrive), ["MyTextFile.txt"])
 
         // One: one level.
-        let notes = try fs.ino("Notes/Documents")
+        let notes = try fs.ino("Notes")
         let level1 = try fs.mkdir(parent: notes, name: b("level1"), mode: 0o755, caller: owner).ino
         assertErrno(EPERM, try fs.mkdir(parent: level1, name: b("level2"), mode: 0o755, caller: owner), "One")
         XCTAssertNoThrow(try fs.makeFile(level1, "note.txt", b("n")))
         XCTAssertEqual(try fs.names(level1), ["note.txt"])
 
         // Any: no limit.
-        var dir = try fs.ino("SugoiApp/Documents")
+        var dir = try fs.ino("SugoiApp")
         for depth in 1...12 {
             dir = try fs.mkdir(parent: dir, name: b("d\(depth)"), mode: 0o755, caller: owner).ino
         }
-        XCTAssertNoThrow(try fs.at("SugoiApp/Documents/d1/d2/d3/d4/d5/d6/d7/d8/d9/d10/d11/d12"))
+        XCTAssertNoThrow(try fs.at("SugoiApp/d1/d2/d3/d4/d5/d6/d7/d8/d9/d10/d11/d12"))
     }
 
     func testRenameOfFolderTreesAcrossFoldersFollowsLevels() throws {
-        let notes = try fs.ino("Notes/Documents")
+        let notes = try fs.ino("Notes")
         let a = try fs.mkdir(parent: notes, name: b("a"), mode: 0o755, caller: owner).ino
         let c = try fs.mkdir(parent: notes, name: b("c"), mode: 0o755, caller: owner).ino
         try fs.makeFile(notes, "f.txt", b("f"))
@@ -202,13 +252,13 @@ final class DriveViewTests: XCTestCase {
         XCTAssertEqual(try fs.names(c), ["g.txt"])
 
         // Any: deep trees move anywhere.
-        let sugoi = try fs.ino("SugoiApp/Documents")
+        let sugoi = try fs.ino("SugoiApp")
         let x = try fs.mkdir(parent: sugoi, name: b("x"), mode: 0o755, caller: owner).ino
         let y = try fs.mkdir(parent: x, name: b("y"), mode: 0o755, caller: owner).ino
         _ = try fs.mkdir(parent: y, name: b("z"), mode: 0o755, caller: owner)
         let w = try fs.mkdir(parent: sugoi, name: b("w"), mode: 0o755, caller: owner).ino
         XCTAssertNoThrow(try fs.rename(parent: sugoi, name: b("x"), newParent: w, newName: b("x"), flags: []))
-        XCTAssertNoThrow(try fs.at("SugoiApp/Documents/w/x/y/z"))
+        XCTAssertNoThrow(try fs.at("SugoiApp/w/x/y/z"))
     }
 
     func testRenameOfFolderTreeThatWouldPassTheLimitFromAppView() throws {
@@ -222,15 +272,15 @@ final class DriveViewTests: XCTestCase {
         XCTAssertTrue(app.publishAll().isEmpty)
 
         let drive = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        let docs = try drive.ino("Notes/Documents")
-        let target = try drive.ino("Notes/Documents/target")
+        let docs = try drive.ino("Notes")
+        let target = try drive.ino("Notes/target")
         assertErrno(EPERM, try drive.rename(parent: docs, name: b("x"), newParent: target, newName: b("x"), flags: []))
         XCTAssertEqual(try drive.names(docs), ["target", "x"])
     }
 
     func testRenameOfFolderWithinOneFolderInLevelOneContainer() throws {
         // "Allowed within the limit": renaming a level-1 folder in place keeps it at level 1.
-        let notes = try fs.ino("Notes/Documents")
+        let notes = try fs.ino("Notes")
         _ = try fs.mkdir(parent: notes, name: b("a"), mode: 0o755, caller: owner)
         XCTAssertNoThrow(try fs.rename(parent: notes, name: b("a"), newParent: notes, newName: b("b"), flags: []))
         XCTAssertEqual(try fs.names(notes), ["b"])
@@ -251,10 +301,10 @@ final class DriveViewTests: XCTestCase {
 
         // A drive view opened afterwards on the same store.
         let drive = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        XCTAssertEqual(try drive.names("Notes/Documents"), ["x"])
-        XCTAssertEqual(try drive.names("Notes/Documents/x"), ["f.txt"])
-        assertBytes(try drive.contents("Notes/Documents/x/f.txt"), b("level 1 file"))
-        let x = try drive.ino("Notes/Documents/x")
+        XCTAssertEqual(try drive.names("Notes"), ["x"])
+        XCTAssertEqual(try drive.names("Notes/x"), ["f.txt"])
+        assertBytes(try drive.contents("Notes/x/f.txt"), b("level 1 file"))
+        let x = try drive.ino("Notes/x")
         assertErrno(ENOENT, try drive.lookup(parent: x, name: b("y")), "level-2 folder")
         assertErrno(ENOENT, try drive.rmdir(parent: x, name: b("y")), "rmdir a hidden folder")
 
@@ -274,8 +324,8 @@ final class DriveViewTests: XCTestCase {
             XCTAssertTrue(driveApp.publishAll().isEmpty)
         }
         let drive = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        XCTAssertEqual(try drive.names("TestDrive/Documents"), ["MyTextFile.txt"])
-        let tdocs = try drive.ino("TestDrive/Documents")
+        XCTAssertEqual(try drive.names("TestDrive"), ["MyTextFile.txt"])
+        let tdocs = try drive.ino("TestDrive")
         assertErrno(ENOENT, try drive.lookup(parent: tdocs, name: b("hidden")), "folder in a None container")
         assertErrno(ENOENT, try drive.unlink(parent: tdocs, name: b("hidden")), "unlink a hidden folder")
         assertErrno(ENOENT, try drive.rmdir(parent: tdocs, name: b("hidden")), "rmdir a hidden folder")
@@ -330,7 +380,7 @@ final class DriveViewTests: XCTestCase {
     }
 
     func testRenamingAContainerKeepsItsDocuments() throws {
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         _ = try fs.mkdir(parent: docs, name: b("folder"), mode: 0o755, caller: owner)
         try fs.makeFile(docs, "keep.txt", b("kept across a rename"))
         XCTAssertTrue(fs.publishAll().isEmpty)
@@ -342,13 +392,13 @@ final class DriveViewTests: XCTestCase {
         let again = try UbiquityFileSystem(store: store, containers: containers, view: .drive)
         XCTAssertEqual(try again.names(fsRoot), ["Notes", "Sugoi Renamed", "TestDrive"])
         assertErrno(ENOENT, try again.lookup(parent: fsRoot, name: b("SugoiApp")), "old name")
-        XCTAssertEqual(try again.names("Sugoi Renamed/Documents"), ["folder", "keep.txt"])
-        assertBytes(try again.contents("Sugoi Renamed/Documents/keep.txt"), b("kept across a rename"))
+        XCTAssertEqual(try again.names("Sugoi Renamed"), ["folder", "keep.txt"])
+        assertBytes(try again.contents("Sugoi Renamed/keep.txt"), b("kept across a rename"))
         XCTAssertEqual(again.registeredContainers.first { $0.identifier == renamed.identifier }?.name, "Sugoi Renamed")
     }
 
     func testInactiveContainerIsHiddenButKeepsItsDocuments() throws {
-        try fs.makeFile(try fs.ino("Notes/Documents"), "n.txt", b("note"))
+        try fs.makeFile(try fs.ino("Notes"), "n.txt", b("note"))
         XCTAssertTrue(fs.publishAll().isEmpty)
         var gone = Sample.notes
         gone.active = false
@@ -356,6 +406,6 @@ final class DriveViewTests: XCTestCase {
         let without = try UbiquityFileSystem(store: store, containers: containers, view: .drive)
         XCTAssertEqual(try without.names(fsRoot), ["SugoiApp", "TestDrive"])
         let back = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        assertBytes(try back.contents("Notes/Documents/n.txt"), b("note"))
+        assertBytes(try back.contents("Notes/n.txt"), b("note"))
     }
 }

@@ -17,7 +17,7 @@ final class FaultTests: XCTestCase {
         base = makeMemoryStore()
         plan = FaultPlan()
         fs = try UbiquityFileSystem(store: faultInjecting(base, plan: plan), containers: Sample.all, view: .drive)
-        docs = try fs.ino("SugoiApp/Documents")
+        docs = try fs.ino("SugoiApp")
     }
 
     override func tearDown() {
@@ -36,7 +36,7 @@ final class FaultTests: XCTestCase {
                 if a.kind == .directory { try walk(a.ino, prefix + name + "/") }
             }
         }
-        try walk(try fs.ino("SugoiApp/Documents"), "")
+        try walk(try fs.ino("SugoiApp"), "")
         return out
     }
 
@@ -82,9 +82,9 @@ final class FaultTests: XCTestCase {
         try fs.rename(parent: docs, name: b("f"), newParent: d, newName: b("moved"), flags: [])
         XCTAssertTrue(fs.publishAll().isEmpty)
         let third = try UbiquityFileSystem(store: base, containers: Sample.all, view: .drive)
-        XCTAssertEqual(try third.names("SugoiApp/Documents"), ["d", "e", "new"])
-        assertBytes(try third.contents("SugoiApp/Documents/new/after.txt"), b("ok"))
-        assertBytes(try third.contents("SugoiApp/Documents/d/moved"), b("content"))
+        XCTAssertEqual(try third.names("SugoiApp"), ["d", "e", "new"])
+        assertBytes(try third.contents("SugoiApp/new/after.txt"), b("ok"))
+        assertBytes(try third.contents("SugoiApp/d/moved"), b("content"))
     }
 
     func testFailedBlobWriteKeepsTheWorkingCopyUntilALaterPublish() throws {
@@ -105,7 +105,7 @@ final class FaultTests: XCTestCase {
         XCTAssertEqual(try base.metadata.versions(of: attrs.ino).count, 1)
         XCTAssertEqual(try base.work.leftovers().count, 0)
         assertBytes(try UbiquityFileSystem(store: base, containers: Sample.all, view: .drive)
-            .contents("SugoiApp/Documents/doc.txt"), b("precious words"))
+            .contents("SugoiApp/doc.txt"), b("precious words"))
     }
 
     func testFailedBlobWriteThenPublishAll() throws {
@@ -126,7 +126,7 @@ final class FaultTests: XCTestCase {
         let versions = try base.metadata.versions(of: ino)
         XCTAssertEqual(versions.last?.origin, .published)
         assertBytes(try UbiquityFileSystem(store: base, containers: Sample.all, view: .drive)
-            .contents("SugoiApp/Documents/report.txt"), b("VERSION TWO"))
+            .contents("SugoiApp/report.txt"), b("VERSION TWO"))
     }
 
     func testFailedPublishCommitKeepsTheWorkingCopy() throws {
@@ -138,7 +138,7 @@ final class FaultTests: XCTestCase {
         assertBytes(try fs.contents(ino), b("new"), "the working copy is kept (and this close publishes it)")
         XCTAssertEqual(try base.metadata.versions(of: ino).count, 2)
         assertBytes(try UbiquityFileSystem(store: base, containers: Sample.all, view: .drive)
-            .contents("SugoiApp/Documents/a"), b("new"))
+            .contents("SugoiApp/a"), b("new"))
     }
 
     func testFailedWorkingCopyCreationFailsTheWrite() throws {

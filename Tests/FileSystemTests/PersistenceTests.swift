@@ -1,4 +1,4 @@
-// DESIGN §3–§4: data survives reopening, publishing keeps versions, a small change to a big file
+// Data survives reopening, publishing keeps versions, a small change to a big file
 // writes one chunk, fsync is durable across a power cut, a crashed daemon's unpublished working
 // copies come back as versions, idle publishing.
 
@@ -57,7 +57,7 @@ final class PersistenceTests: XCTestCase {
 
     /// A bit of everything, in SugoiApp's Documents; one file is left open with unpublished writes.
     private func populate(_ fs: UbiquityFileSystem) throws -> UInt64 {
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         let dir = try fs.mkdir(parent: docs, name: b("dir"), mode: 0o750, caller: owner).ino
         _ = try fs.mkdir(parent: docs, name: b("empty"), mode: 0o700, caller: owner)
         let a = try fs.makeFile(dir, "a.bin", big)
@@ -66,7 +66,7 @@ final class PersistenceTests: XCTestCase {
         _ = try fs.mknod(parent: docs, name: b("pipe"), mode: UInt32(S_IFIFO) | 0o600, rdev: 0, caller: owner)
         try fs.setxattr(a, name: b("user.color"), value: b("blue"), flags: 0)
         _ = try fs.setattr(a, AttributeChanges(mode: 0o600, mtime: .at(stamp)), handle: nil, caller: owner)
-        try fs.makeFile(try fs.ino("TestDrive/Documents"), "MyTextFile.txt", b("hello"))
+        try fs.makeFile(try fs.ino("TestDrive"), "MyTextFile.txt", b("hello"))
         let (open, h) = try fs.create(parent: docs, name: b("open.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
         try fs.put(h, b("unpublished when publishAll runs"), at: 0)
         _ = h   // left open on purpose: publishAll must publish it
@@ -74,23 +74,23 @@ final class PersistenceTests: XCTestCase {
     }
 
     private func verify(_ fs: UbiquityFileSystem) throws {
-        XCTAssertEqual(try fs.names("SugoiApp/Documents"), ["dir", "empty", "hard.bin", "link", "open.txt", "pipe"])
-        XCTAssertEqual(try fs.names("SugoiApp/Documents/dir"), ["a.bin"])
-        XCTAssertEqual(try fs.names("SugoiApp/Documents/empty"), [], "empty folders persist")
-        let a = try fs.at("SugoiApp/Documents/dir/a.bin")
+        XCTAssertEqual(try fs.names("SugoiApp"), ["dir", "empty", "hard.bin", "link", "open.txt", "pipe"])
+        XCTAssertEqual(try fs.names("SugoiApp/dir"), ["a.bin"])
+        XCTAssertEqual(try fs.names("SugoiApp/empty"), [], "empty folders persist")
+        let a = try fs.at("SugoiApp/dir/a.bin")
         XCTAssertEqual(a.nlink, 2)
         XCTAssertEqual(a.mode, UInt32(S_IFREG) | 0o600)
         XCTAssertEqual(a.mtime, stamp)
         XCTAssertEqual(a.size, UInt64(big.count))
-        XCTAssertEqual(try fs.at("SugoiApp/Documents/hard.bin").ino, a.ino)
+        XCTAssertEqual(try fs.at("SugoiApp/hard.bin").ino, a.ino)
         assertBytes(try fs.contents(a.ino), big)
         XCTAssertEqual(try fs.getxattr(a.ino, name: b("user.color")), b("blue"))
-        XCTAssertEqual(try fs.readlink(try fs.ino("SugoiApp/Documents/link")), b("dir/a.bin"))
-        XCTAssertEqual(try fs.at("SugoiApp/Documents/pipe").kind, .fifo)
-        XCTAssertEqual(try fs.at("SugoiApp/Documents/dir").mode & 0o7777, 0o750)
-        XCTAssertEqual(try fs.at("SugoiApp/Documents").nlink, 4)
-        assertBytes(try fs.contents("SugoiApp/Documents/open.txt"), b("unpublished when publishAll runs"))
-        assertBytes(try fs.contents("TestDrive/Documents/MyTextFile.txt"), b("hello"))
+        XCTAssertEqual(try fs.readlink(try fs.ino("SugoiApp/link")), b("dir/a.bin"))
+        XCTAssertEqual(try fs.at("SugoiApp/pipe").kind, .fifo)
+        XCTAssertEqual(try fs.at("SugoiApp/dir").mode & 0o7777, 0o750)
+        XCTAssertEqual(try fs.at("SugoiApp").nlink, 4)
+        assertBytes(try fs.contents("SugoiApp/open.txt"), b("unpublished when publishAll runs"))
+        assertBytes(try fs.contents("TestDrive/MyTextFile.txt"), b("hello"))
     }
 
     func testDataSurvivesReopeningMemoryStore() throws {
@@ -110,13 +110,13 @@ final class PersistenceTests: XCTestCase {
         try embeddedSession(directory) { fs, _ in try verify(fs) }
         try embeddedSession(directory) { fs, _ in
             // Change something, then check the change persisted too.
-            let docs = try fs.ino("SugoiApp/Documents")
+            let docs = try fs.ino("SugoiApp")
             try fs.unlink(parent: docs, name: b("hard.bin"))
-            try fs.writeFile(try fs.ino("SugoiApp/Documents/dir/a.bin"), b("HEAD"), at: 0)
+            try fs.writeFile(try fs.ino("SugoiApp/dir/a.bin"), b("HEAD"), at: 0)
         }
         try embeddedSession(directory) { fs, _ in
             // A sparse file past 4 GiB in the embedded store, and real capacity figures.
-            let (huge, h) = try fs.create(parent: try fs.ino("SugoiApp/Documents"), name: b("huge"), mode: 0o644,
+            let (huge, h) = try fs.create(parent: try fs.ino("SugoiApp"), name: b("huge"), mode: 0o644,
                                           flags: O_RDWR, caller: owner)
             try fs.put(h, b("tail"), at: 5 << 30)
             try fs.release(handle: h)
@@ -127,16 +127,16 @@ final class PersistenceTests: XCTestCase {
             XCTAssertEqual(s.nameMax, 255)
         }
         try embeddedSession(directory) { fs, _ in
-            let huge = try fs.ino("SugoiApp/Documents/huge")
+            let huge = try fs.ino("SugoiApp/huge")
             XCTAssertEqual(try fs.getattr(huge).size, (5 << 30) + 4)
             let h = try fs.open(huge, flags: O_RDONLY)
             assertBytes(try fs.get(h, at: (5 << 30) - 2, count: 10), [0, 0] + b("tail"))
             assertBytes(try fs.get(h, at: 3 << 30, count: 4096), [UInt8](repeating: 0, count: 4096))
             try fs.release(handle: h)
-            XCTAssertEqual(try fs.at("SugoiApp/Documents/dir/a.bin").nlink, 1)
-            assertBytes(try fs.contents("SugoiApp/Documents/dir/a.bin"), b("HEAD") + big[4...])
-            XCTAssertFalse(try fs.names("SugoiApp/Documents").contains("hard.bin"))
-            XCTAssertTrue(try fs.names("SugoiApp/Documents").contains("huge"))
+            XCTAssertEqual(try fs.at("SugoiApp/dir/a.bin").nlink, 1)
+            assertBytes(try fs.contents("SugoiApp/dir/a.bin"), b("HEAD") + big[4...])
+            XCTAssertFalse(try fs.names("SugoiApp").contains("hard.bin"))
+            XCTAssertTrue(try fs.names("SugoiApp").contains("huge"))
         }
     }
 
@@ -145,7 +145,7 @@ final class PersistenceTests: XCTestCase {
     func testPublishOnReleaseCreatesAVersionAndKeepsThePrevious() throws {
         let store = makeMemoryStore()
         let fs = try openFS(store)
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         let (attrs, h) = try fs.create(parent: docs, name: b("v.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
         try fs.put(h, b("version one"), at: 0)
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 0, "nothing published while open")
@@ -172,14 +172,14 @@ final class PersistenceTests: XCTestCase {
         // Truncation publishes too.
         _ = try fs.setattr(attrs.ino, AttributeChanges(size: 7), handle: nil, caller: owner)
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 3)
-        assertBytes(try openFS(store).contents("SugoiApp/Documents/v.txt"), b("version"))
+        assertBytes(try openFS(store).contents("SugoiApp/v.txt"), b("version"))
     }
 
     func testSmallWriteToMultiChunkFileWritesOneChunk() throws {
         let store = makeMemoryStore()
         let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
         let fs = try openFS(store)
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         let content = pattern(4 * chunkSize + 100, seed: 21)
         let ino = try fs.makeFile(docs, "big.bin", content)
         let first = try XCTUnwrap(try store.metadata.versions(of: ino).last)
@@ -220,7 +220,7 @@ final class PersistenceTests: XCTestCase {
         let synced = pattern(chunkSize + 300, seed: 2)
         do {
             let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp/Documents")
+            let docs = try fs.ino("SugoiApp")
             let (attrs, h) = try fs.create(parent: docs, name: b("db.sqlite"), mode: 0o644, flags: O_RDWR, caller: owner)
             ino = attrs.ino
             try fs.put(h, synced, at: 0)
@@ -231,7 +231,7 @@ final class PersistenceTests: XCTestCase {
             try powerCut(store)   // the daemon and the machine die here
         }
         let fs = try openFS(store)
-        assertBytes(try fs.contents("SugoiApp/Documents/db.sqlite"), synced)
+        assertBytes(try fs.contents("SugoiApp/db.sqlite"), synced)
         XCTAssertEqual(try fs.getattr(ino).size, UInt64(synced.count))
     }
 
@@ -239,17 +239,17 @@ final class PersistenceTests: XCTestCase {
         let store = makeMemoryStore()
         do {
             let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp/Documents")
+            let docs = try fs.ino("SugoiApp")
             let ino = try fs.makeFile(docs, "a", b("published on close"))
             let h = try fs.open(ino, flags: O_RDONLY)
             try fs.fsync(handle: h, dataOnly: true)   // fsync(2) of a file whose data is already published
             try fs.release(handle: h)
             try powerCut(store)
         }
-        assertBytes(try openFS(store).contents("SugoiApp/Documents/a"), b("published on close"))
+        assertBytes(try openFS(store).contents("SugoiApp/a"), b("published on close"))
     }
 
-    /// DESIGN §4: after a power cut the store never holds metadata pointing at content that did not
+    /// After a power cut the store never holds metadata pointing at content that did not
     /// reach the disk. Here file A is published on close (not durably), then another file is
     /// fsync'ed: whatever state A ends in after the cut, it must be whole and readable.
     func testFsyncOfOneFileDoesNotLeaveAnotherPointingAtLostContent() throws {
@@ -257,7 +257,7 @@ final class PersistenceTests: XCTestCase {
         let dataA = pattern(5000, seed: 4)
         do {
             let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp/Documents")
+            let docs = try fs.ino("SugoiApp")
             try fs.makeFile(docs, "a.txt", dataA)      // published on close, not durable
             let (_, h) = try fs.create(parent: docs, name: b("b.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
             try fs.put(h, b("synced"), at: 0)
@@ -265,8 +265,8 @@ final class PersistenceTests: XCTestCase {
             try powerCut(store)
         }
         let fs = try openFS(store)
-        assertBytes(try fs.contents("SugoiApp/Documents/b.txt"), b("synced"))
-        if let a = try? fs.ino("SugoiApp/Documents/a.txt") {
+        assertBytes(try fs.contents("SugoiApp/b.txt"), b("synced"))
+        if let a = try? fs.ino("SugoiApp/a.txt") {
             do {
                 let got = try fs.contents(a)
                 XCTAssertTrue(got == dataA || got.isEmpty, "a.txt is neither its previous nor its new whole version")
@@ -285,7 +285,7 @@ final class PersistenceTests: XCTestCase {
         v2.replaceSubrange(chunkSize..<(chunkSize + 4), with: b("SYNC"))
         do {
             let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp/Documents")
+            let docs = try fs.ino("SugoiApp")
             let ino = try fs.makeFile(docs, "log", v1)
             let h = try fs.open(ino, flags: O_RDWR)
             try fs.put(h, b("SYNC"), at: UInt64(chunkSize))
@@ -294,7 +294,7 @@ final class PersistenceTests: XCTestCase {
         }
         let fs = try openFS(store)
         do {
-            let got = try fs.contents("SugoiApp/Documents/log")
+            let got = try fs.contents("SugoiApp/log")
             assertBytes(got, v2, "fsync'ed data is never lost")
         } catch {
             XCTFail("the fsync'ed file cannot be read after a power cut: \(error)")
@@ -308,7 +308,7 @@ final class PersistenceTests: XCTestCase {
         var kept: UInt64 = 0, fresh: UInt64 = 0, unlinked: UInt64 = 0
         do {
             let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp/Documents")
+            let docs = try fs.ino("SugoiApp")
             kept = try fs.makeFile(docs, "report.txt", b("previous whole version"))
             let h = try fs.open(kept, flags: O_RDWR)
             try fs.put(h, b("NEW BYTES"), at: 0)
@@ -323,7 +323,7 @@ final class PersistenceTests: XCTestCase {
         }
         let messages = LogBox()
         let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, log: { messages.append($0) })
-        assertBytes(try fs.contents("SugoiApp/Documents/report.txt"), b("previous whole version"))
+        assertBytes(try fs.contents("SugoiApp/report.txt"), b("previous whole version"))
         let versions = try store.metadata.versions(of: kept)
         XCTAssertEqual(versions.count, 2)
         XCTAssertEqual(versions.first?.origin, .published)
@@ -338,7 +338,7 @@ final class PersistenceTests: XCTestCase {
 
         assertErrno(ENOENT, try fs.getattr(unlinked), "a file unlinked while open does not come back")
         XCTAssertEqual(try store.metadata.versions(of: unlinked), [])
-        XCTAssertEqual(try fs.names("SugoiApp/Documents"), ["new.txt", "report.txt"])
+        XCTAssertEqual(try fs.names("SugoiApp"), ["new.txt", "report.txt"])
         XCTAssertEqual(try store.work.leftovers().count, 0, "recovered working copies are gone")
         XCTAssertFalse(messages.lines.isEmpty, "recovery is logged")
 
@@ -352,7 +352,7 @@ final class PersistenceTests: XCTestCase {
         var ino: UInt64 = 0
         let base = pattern(2 * chunkSize + 10, seed: 7)
         try embeddedSession(directory) { fs, _ in
-            ino = try fs.makeFile(try fs.ino("SugoiApp/Documents"), "big", base)
+            ino = try fs.makeFile(try fs.ino("SugoiApp"), "big", base)
         }
         try embeddedSession(directory, publish: false) { fs, _ in
             let h = try fs.open(ino, flags: O_RDWR)
@@ -375,7 +375,7 @@ final class PersistenceTests: XCTestCase {
     func testIdlePublish() throws {
         let store = makeMemoryStore()
         let fs = try openFS(store)
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         let (attrs, h) = try fs.create(parent: docs, name: b("held.log"), mode: 0o644, flags: O_RDWR, caller: owner)
         try fs.put(h, b("line 1\n"), at: 0)
 
@@ -386,7 +386,7 @@ final class PersistenceTests: XCTestCase {
         fs.idlePublishNanoseconds = 0
         fs.publishIdle()
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 1, "published while still open")
-        assertBytes(try openFS(store).contents("SugoiApp/Documents/held.log"), b("line 1\n"),
+        assertBytes(try openFS(store).contents("SugoiApp/held.log"), b("line 1\n"),
                        "another view of the store sees it")
         fs.publishIdle()
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 1, "nothing new, nothing published")
@@ -397,6 +397,6 @@ final class PersistenceTests: XCTestCase {
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 2)
         try fs.release(handle: h)
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 2, "release after idle publish: nothing new")
-        assertBytes(try openFS(store).contents("SugoiApp/Documents/held.log"), b("line 1\nline 2\n"))
+        assertBytes(try openFS(store).contents("SugoiApp/held.log"), b("line 1\nline 2\n"))
     }
 }

@@ -16,7 +16,7 @@ final class PosixModelTests: XCTestCase {
     override func setUpWithError() throws {
         store = makeMemoryStore()
         fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        docs = try fs.ino("SugoiApp/Documents")
+        docs = try fs.ino("SugoiApp")
     }
 
     override func tearDown() {
@@ -219,7 +219,7 @@ final class PosixModelTests: XCTestCase {
         assertErrno(ENOENT, try fs.getattr(attrs.ino), "node gone after the last release")
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino), [])
         XCTAssertEqual(try store.work.leftovers().count, 0, "no working copy left behind")
-        assertBytes(try fs.contents("SugoiApp/Documents/gone"), b("other"))
+        assertBytes(try fs.contents("SugoiApp/gone"), b("other"))
     }
 
     // MARK: rename
@@ -277,10 +277,10 @@ final class PosixModelTests: XCTestCase {
                     "a folder onto a file")
         assertErrno(ENOENT, try fs.rename(parent: d1, name: b("missing"), newParent: d2, newName: b("x"), flags: []),
                     "missing source")
-        assertErrno(ENOTDIR, try fs.rename(parent: try fs.ino("SugoiApp/Documents/d1/file"), name: b("x"),
+        assertErrno(ENOTDIR, try fs.rename(parent: try fs.ino("SugoiApp/d1/file"), name: b("x"),
                                            newParent: d2, newName: b("x"), flags: []), "source parent is a file")
         // Into its own subtree.
-        let sub = try mkdir(try fs.ino("SugoiApp/Documents/d1/dir"), "sub")
+        let sub = try mkdir(try fs.ino("SugoiApp/d1/dir"), "sub")
         assertErrno(EINVAL, try fs.rename(parent: docs, name: b("d1"), newParent: sub, newName: b("d1"), flags: []),
                     "into its own subtree")
         assertErrno(EINVAL, try fs.rename(parent: docs, name: b("d1"), newParent: d1, newName: b("again"), flags: []),
@@ -305,7 +305,7 @@ final class PosixModelTests: XCTestCase {
         try fs.makeFile(d1, "a", b("A"))
         try fs.makeFile(d2, "b", b("B"))
         assertErrno(EEXIST, try fs.rename(parent: d1, name: b("a"), newParent: d2, newName: b("b"), flags: .noReplace))
-        assertBytes(try fs.contents("SugoiApp/Documents/d2/b"), b("B"))
+        assertBytes(try fs.contents("SugoiApp/d2/b"), b("B"))
         XCTAssertNoThrow(try fs.rename(parent: d1, name: b("a"), newParent: d2, newName: b("c"), flags: .noReplace))
         XCTAssertEqual(try fs.names(d2), ["b", "c"])
         XCTAssertEqual(try fs.names(d1), [])
@@ -321,8 +321,8 @@ final class PosixModelTests: XCTestCase {
         try fs.rename(parent: d1, name: b("f"), newParent: d2, newName: b("dir"), flags: .exchange)
         XCTAssertEqual(try fs.lookup(parent: d1, name: b("f")).ino, dir)
         XCTAssertEqual(try fs.lookup(parent: d2, name: b("dir")).ino, f)
-        XCTAssertEqual(try fs.names("SugoiApp/Documents/d1/f"), ["inside"])
-        assertBytes(try fs.contents("SugoiApp/Documents/d2/dir"), b("file"))
+        XCTAssertEqual(try fs.names("SugoiApp/d1/f"), ["inside"])
+        assertBytes(try fs.contents("SugoiApp/d2/dir"), b("file"))
         XCTAssertEqual(try fs.getattr(d1).nlink, 3, "d1 now holds the folder")
         XCTAssertEqual(try fs.getattr(d2).nlink, 2, "d2 now holds the file")
         XCTAssertEqual(try fs.lookup(parent: dir, name: b("..")).ino, d1)
@@ -334,8 +334,8 @@ final class PosixModelTests: XCTestCase {
         XCTAssertEqual(try fs.lookup(parent: d1, name: b("f")).ino, f)
         XCTAssertEqual(try fs.lookup(parent: d2, name: b("dir")).ino, dir)
         try fs.rename(parent: d1, name: b("f"), newParent: d2, newName: b("g"), flags: .exchange)
-        assertBytes(try fs.contents("SugoiApp/Documents/d1/f"), b("gee"))
-        assertBytes(try fs.contents("SugoiApp/Documents/d2/g"), b("file"))
+        assertBytes(try fs.contents("SugoiApp/d1/f"), b("gee"))
+        assertBytes(try fs.contents("SugoiApp/d2/g"), b("file"))
         XCTAssertEqual(try fs.lookup(parent: d1, name: b("f")).ino, g)
         assertErrno(ENOENT, try fs.rename(parent: d1, name: b("f"), newParent: d2, newName: b("none"), flags: .exchange),
                     "exchange with nothing")
@@ -366,12 +366,12 @@ final class PosixModelTests: XCTestCase {
         XCTAssertEqual(try fs.getattr(docs).nlink, 3)
         try fs.makeFile(docs, "other", b("o"))
         try fs.rename(parent: docs, name: b("new"), newParent: docs, newName: b("other"), flags: .exchange)
-        assertBytes(try fs.contents("SugoiApp/Documents/other"), b("content"))
+        assertBytes(try fs.contents("SugoiApp/other"), b("content"))
     }
 
     func testLinkAndRenameAcrossContainersIsEXDEV() throws {
         let f = try fs.makeFile(docs, "f", b("x"))
-        let notes = try fs.ino("Notes/Documents")
+        let notes = try fs.ino("Notes")
         assertErrno(EXDEV, try fs.link(f, newParent: notes, newName: b("f")), "link")
         assertErrno(EXDEV, try fs.rename(parent: docs, name: b("f"), newParent: notes, newName: b("f"), flags: []), "rename")
         assertErrno(EXDEV, try fs.rename(parent: docs, name: b("f"), newParent: notes, newName: b("f"), flags: .noReplace),
@@ -396,20 +396,20 @@ final class PosixModelTests: XCTestCase {
         XCTAssertGreaterThan(linked.ctime, before.ctime, "link changes ctime")
         XCTAssertEqual(try fs.lookup(parent: docs, name: b("f")).nlink, 2)
         _ = try fs.setattr(f, AttributeChanges(mode: 0o600), handle: nil, caller: owner)
-        XCTAssertEqual(try fs.at("SugoiApp/Documents/d/g").mode & 0o7777, 0o600)
-        try fs.writeFile(try fs.ino("SugoiApp/Documents/d/g"), b("ONE, two"))
-        assertBytes(try fs.contents("SugoiApp/Documents/f"), b("ONE, two"))
+        XCTAssertEqual(try fs.at("SugoiApp/d/g").mode & 0o7777, 0o600)
+        try fs.writeFile(try fs.ino("SugoiApp/d/g"), b("ONE, two"))
+        assertBytes(try fs.contents("SugoiApp/f"), b("ONE, two"))
         try fs.setxattr(f, name: b("user.tag"), value: b("v"), flags: 0)
-        XCTAssertEqual(try fs.getxattr(try fs.ino("SugoiApp/Documents/d/g"), name: b("user.tag")), b("v"))
+        XCTAssertEqual(try fs.getxattr(try fs.ino("SugoiApp/d/g"), name: b("user.tag")), b("v"))
 
         assertErrno(EEXIST, try fs.link(f, newParent: d, newName: b("g")), "existing name")
         assertErrno(EPERM, try fs.link(d, newParent: docs, newName: b("d2")), "link a folder")
         try fs.unlink(parent: docs, name: b("f"))
         XCTAssertEqual(try fs.getattr(f).nlink, 1)
-        assertBytes(try fs.contents("SugoiApp/Documents/d/g"), b("ONE, two"))
+        assertBytes(try fs.contents("SugoiApp/d/g"), b("ONE, two"))
         let again = try reopen()
         XCTAssertEqual(try again.getattr(f).nlink, 1)
-        assertBytes(try again.contents("SugoiApp/Documents/d/g"), b("ONE, two"))
+        assertBytes(try again.contents("SugoiApp/d/g"), b("ONE, two"))
     }
 
     func testSymlinkAndReadlink() throws {
@@ -452,10 +452,10 @@ final class PosixModelTests: XCTestCase {
 
         let again = try reopen()
         XCTAssertEqual(try again.names(docs), ["blk", "fifo", "null", "reg", "sock"])
-        XCTAssertEqual(try again.at("SugoiApp/Documents/fifo").kind, .fifo)
-        XCTAssertEqual(try again.at("SugoiApp/Documents/sock").kind, .socket)
-        XCTAssertEqual(try again.at("SugoiApp/Documents/null").rdev, dev)
-        XCTAssertEqual(try again.at("SugoiApp/Documents/null").kind, .characterDevice)
+        XCTAssertEqual(try again.at("SugoiApp/fifo").kind, .fifo)
+        XCTAssertEqual(try again.at("SugoiApp/sock").kind, .socket)
+        XCTAssertEqual(try again.at("SugoiApp/null").rdev, dev)
+        XCTAssertEqual(try again.at("SugoiApp/null").kind, .characterDevice)
     }
 
     func testNameLengthLimit() throws {
@@ -726,7 +726,7 @@ final class PosixModelTests: XCTestCase {
         XCTAssertEqual(names, [".", "..", "one"])
         fs.releasedir(handle: h)
         assertErrno(EBADF, try fs.readdir(handle: h, offset: 0), "released handle")
-        assertErrno(ENOTDIR, try fs.opendir(try fs.ino("SugoiApp/Documents/one")), "opendir a file")
+        assertErrno(ENOTDIR, try fs.opendir(try fs.ino("SugoiApp/one")), "opendir a file")
     }
 }
 

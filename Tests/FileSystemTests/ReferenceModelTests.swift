@@ -216,7 +216,7 @@ final class ReferenceRun {
         store = try openStore()
         fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
         fs.idlePublishNanoseconds = 0
-        docs = try fs.ino("\(container.name)/Documents")
+        docs = try fs.ino(container.name)
     }
 
     /// nil when the whole run matched; otherwise what went wrong, with seed, step and history.

@@ -70,7 +70,7 @@ func assertErrno<T>(_ code: Int32, _ body: @autoclosure () throws -> T, _ what: 
 }
 
 extension UbiquityFileSystem {
-    /// Attributes at `path` ("TestDrive/Documents/a"), walking from the root with `lookup`.
+    /// Attributes at `path` ("TestDrive/a"), walking from the root with `lookup`.
     func at(_ path: String) throws -> Attributes {
         var attrs = try getattr(fsRoot)
         for part in path.split(separator: "/") {

@@ -10,7 +10,7 @@ final class VersionHistoryTests: XCTestCase {
     func testAtomicSaveKeepsTheDocumentsVersions() throws {
         let store = makeMemoryStore()
         let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         let first = try fs.makeFile(docs, "report.txt", b("draft one"))
         try fs.writeFile(first, b("draft two"))
         XCTAssertEqual(try store.metadata.versions(of: first).count, 2)
@@ -19,15 +19,15 @@ final class VersionHistoryTests: XCTestCase {
         let replacement = try fs.makeFile(docs, ".report.txt.tmp", b("draft three"))
         try fs.rename(parent: docs, name: b(".report.txt.tmp"), newParent: docs, newName: b("report.txt"), flags: [])
 
-        XCTAssertEqual(try fs.ino("SugoiApp/Documents/report.txt"), replacement)
-        assertBytes(try fs.contents("SugoiApp/Documents/report.txt"), b("draft three"))
+        XCTAssertEqual(try fs.ino("SugoiApp/report.txt"), replacement)
+        assertBytes(try fs.contents("SugoiApp/report.txt"), b("draft three"))
         let history = try store.metadata.versions(of: replacement)
         XCTAssertEqual(history.count, 3, "the replaced file's two versions plus the new one")
         XCTAssertEqual(try store.metadata.versions(of: first).count, 0)
 
         // Reopening (and its garbage collection) keeps the old versions' content.
         let again = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        assertBytes(try again.contents("SugoiApp/Documents/report.txt"), b("draft three"))
+        assertBytes(try again.contents("SugoiApp/report.txt"), b("draft three"))
         for v in try store.metadata.versions(of: replacement) {
             XCTAssertTrue(v.chunks.allSatisfy { store.blobs.verify($0) }, "version \(v.id) content is still stored")
         }
@@ -36,7 +36,7 @@ final class VersionHistoryTests: XCTestCase {
     func testRenameOverAFileStillOpenKeepsItsVersionsWithIt() throws {
         let store = makeMemoryStore()
         let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         let old = try fs.makeFile(docs, "a", b("old"))
         let h = try fs.open(old, flags: O_RDONLY)
         try fs.makeFile(docs, "b", b("new"))
@@ -52,7 +52,7 @@ final class VersionHistoryTests: XCTestCase {
         let blobs = store.blobs as! MemoryBlobStore
         let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
         fs.versionsToKeep = 4
-        let docs = try fs.ino("SugoiApp/Documents")
+        let docs = try fs.ino("SugoiApp")
         // Two chunks: the first never changes (shared by every version), the second always does.
         let shared = pattern(chunkSize, seed: 3)
         let file = try fs.makeFile(docs, "log.bin", shared + b("v0"))

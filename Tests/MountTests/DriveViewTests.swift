@@ -23,12 +23,23 @@ final class DriveViewTests: MountTestCase {
         XCTAssertEqual(assertShell("cat \(shellQuote(docs("TestDrive") + "/hello.txt"))").stdout, "hello\n")
     }
 
-    func testContainerFolderHoldsOnlyDocuments() throws {
+    /// Seed 000: what the app keeps in Documents is what the user sees in the container folder.
+    func testContainerFolderIsTheContainersDocuments() throws {
+        try mount(app: "com.example.TestDrive")
+        let app = mountPoint + "/iCloud.com.example.TestDrive"
+        XCTAssertEqual(Posix.writeFile(app + "/Documents/MyTextFile.txt", "Hello from TestDrive\n"), 0)
+        try unmount()
+
         try mount()
-        for name in ["Notes", "SugoiApp", "TestDrive"] {
-            XCTAssertEqual(ls("\(mountPoint)/\(name)"), ["Documents"], "MOUNT/\(name)")
-            XCTAssertEqual(ls(docs(name)), [], "a fresh container's Documents is empty")
+        for name in ["Notes", "SugoiApp"] {
+            XCTAssertEqual(ls("\(mountPoint)/\(name)"), [], "a fresh container folder is empty")
         }
+        XCTAssertEqual(ls(mountPoint + "/TestDrive"), ["MyTextFile.txt"])
+        XCTAssertEqual(assertShell("cat \(shellQuote(mountPoint + "/TestDrive/MyTextFile.txt"))").stdout,
+                       "Hello from TestDrive\n")
+        XCTAssertFalse(Posix.exists(mountPoint + "/TestDrive/Documents"), "no Documents folder inside it")
+        let rootIno = Posix.stat(mountPoint).map { UInt64($0.st_ino) }
+        XCTAssertEqual(Posix.stat(mountPoint + "/TestDrive/..").map { UInt64($0.st_ino) }, rootIno)
     }
 
     func testPrivateContainerIsUnreachable() throws {
@@ -36,7 +47,7 @@ final class DriveViewTests: MountTestCase {
         let m = mountPoint
         XCTAssertFalse(ls(m).contains("Ledger"))
         for path in ["\(m)/Ledger", "\(m)/iCloud.com.example.Ledger", "\(m)/Ledger/Documents",
-                     "\(m)/TestDrive/../Ledger", "\(m)/TestDrive/Documents/../../Ledger/Documents",
+                     "\(m)/TestDrive/../Ledger", "\(m)/TestDrive/../../Ledger", "\(m)/TestDrive/Documents",
                      "\(m)/iCloud.com.example.Ledger/Documents"] {
             assertErrno(ENOENT, "stat \(path)") {
                 var st = stat()
@@ -48,7 +59,7 @@ final class DriveViewTests: MountTestCase {
 
         // Symlinks that point at it lead nowhere.
         let sugoi = docs("SugoiApp")
-        assertSucceeds("symlink") { symlink("../../Ledger/Documents", sugoi + "/relative") }
+        assertSucceeds("symlink") { symlink("../Ledger", sugoi + "/relative") }
         assertSucceeds("symlink") { symlink("\(m)/Ledger/Documents", sugoi + "/absolute") }
         for link in ["relative", "absolute"] {
             assertErrno(ENOENT, "stat through symlink \(link)") {
@@ -83,20 +94,29 @@ final class DriveViewTests: MountTestCase {
         XCTAssertEqual(ls(m), before, "the root changed")
     }
 
-    func testContainerFolderIsReadOnly() throws {
+    func testContainerFolderTakesFilesAndFoldersButStays() throws {
         try mount()
         let c = "\(mountPoint)/SugoiApp"
-        XCTAssertEqual(Posix.writeFile(c + "/Documents/file.txt", "x"), 0)
-        assertFails("create MOUNT/SugoiApp/new.txt") { Posix.open(c + "/new.txt", O_WRONLY | O_CREAT, 0o644) }
-        assertFails("mkdir MOUNT/SugoiApp/Library") { mkdir(c + "/Library", 0o755) }
-        assertFails("rename Documents") { rename(c + "/Documents", c + "/Docs") }
-        assertFails("rmdir Documents") { rmdir(c + "/Documents") }
-        assertFails("move a file out of Documents") { rename(c + "/Documents/file.txt", c + "/file.txt") }
-        assertFails("symlink beside Documents") { symlink("Documents", c + "/link") }
-        assertFails("hard link beside Documents") { link(c + "/Documents/file.txt", c + "/file.txt") }
-        XCTAssertEqual(ls(c), ["Documents"])
-        XCTAssertEqual(ls(c + "/Documents"), ["file.txt"])
-        XCTAssertEqual(Posix.readText(c + "/Documents/file.txt"), "x")
+        XCTAssertEqual(Posix.writeFile(c + "/file.txt", "x"), 0)
+        assertSucceeds("mkdir SugoiApp/Folder") { mkdir(c + "/Folder", 0o755) }
+        assertSucceeds("rename a file") { rename(c + "/file.txt", c + "/Folder/moved.txt") }
+        assertSucceeds("symlink") { symlink("Folder/moved.txt", c + "/link") }
+        assertSucceeds("hard link") { link(c + "/Folder/moved.txt", c + "/hard.txt") }
+        XCTAssertEqual(ls(c), ["Folder", "hard.txt", "link"])
+        XCTAssertEqual(Posix.readText(c + "/link"), "x")
+        assertShell("cd \(shellQuote(c)) && rm hard.txt link && rm -r Folder && touch t && rm t")
+        XCTAssertEqual(ls(c), [])
+        // The container folder itself cannot go, move or be renamed, even when empty.
+        assertErrno(EACCES, "rmdir SugoiApp") { rmdir(c) }
+        assertErrno(EACCES, "rename SugoiApp") { rename(c, mountPoint + "/Other") }
+        assertFails("move SugoiApp into Notes") { rename(c, mountPoint + "/Notes/SugoiApp") }
+        assertFails("move a file to the root") {
+            XCTAssertEqual(Posix.writeFile(c + "/f", "f"), 0)
+            return rename(c + "/f", mountPoint + "/f")
+        }
+        XCTAssertFalse(sh("rm -rf \(shellQuote(c))").succeeded, "rm -rf of a container folder should fail")
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(ls(c), [], "rm -rf emptied it, and it is still there")
     }
 
     // MARK: Folder levels
@@ -104,7 +124,7 @@ final class DriveViewTests: MountTestCase {
     func testLevelsNoneRefusesFolders() throws {
         try mount()
         let d = docs("TestDrive")
-        assertErrno(EPERM, "mkdir TestDrive/Documents/x") { mkdir(d + "/x", 0o755) }
+        assertErrno(EPERM, "mkdir TestDrive/x") { mkdir(d + "/x", 0o755) }
         XCTAssertFalse(sh("mkdir \(shellQuote(d + "/y"))").succeeded)
         // Files are fine, and so are renames of files.
         XCTAssertEqual(Posix.writeFile(d + "/a.txt", "a"), 0)
@@ -115,8 +135,8 @@ final class DriveViewTests: MountTestCase {
     func testLevelsOneAllowsOneLevel() throws {
         try mount()
         let d = docs("Notes")
-        assertSucceeds("mkdir Notes/Documents/a") { mkdir(d + "/a", 0o755) }
-        assertErrno(EPERM, "mkdir Notes/Documents/a/b") { mkdir(d + "/a/b", 0o755) }
+        assertSucceeds("mkdir Notes/a") { mkdir(d + "/a", 0o755) }
+        assertErrno(EPERM, "mkdir Notes/a/b") { mkdir(d + "/a/b", 0o755) }
         XCTAssertEqual(Posix.writeFile(d + "/a/file.txt", "in a"), 0, "files inside a level-1 folder are fine")
         XCTAssertEqual(ls(d + "/a"), ["file.txt"])
         XCTAssertFalse(sh("mkdir -p \(shellQuote(d + "/x/y"))").succeeded, "mkdir -p x/y should fail")

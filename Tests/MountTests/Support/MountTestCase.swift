@@ -336,8 +336,8 @@ class MountTestCase: XCTestCase {
 
     // MARK: Paths
 
-    /// The Documents folder of a drive-view container: MOUNT/NAME/Documents.
-    func docs(_ container: String) -> String { "\(mountPoint)/\(container)/Documents" }
+    /// A drive-view container folder, which is the container's Documents: MOUNT/NAME.
+    func docs(_ container: String) -> String { "\(mountPoint)/\(container)" }
 
     // MARK: Shell helpers
 
