@@ -135,13 +135,15 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         if let readyFD { _ = (line + "\n").withCString { write(readyFD, $0, strlen($0)) } } else { writeError(line) }
     }
     let store: BackingStore
-    do { store = try openEmbeddedStore(directory: storeDir) } catch {
+    var storeNotes: [String] = []
+    do { store = try openEmbeddedStore(directory: storeDir) { storeNotes.append($0) } } catch {
         tell("ubiquityfs mount: cannot open the store: \(error)")
         return ExitCode.failure
     }
     let logger = Logger(path: storeDir + "/ubiquityfs.log", toStderr: readyFD == nil)
     let log: @Sendable (String) -> Void = { logger.write($0) }
     log("starting: store \(storeDir), apps \(apps), mountpoint \(mountpoint)")
+    for note in storeNotes { log(note) }
     // From here on, a failure goes to the log as well as to whoever started the mount.
     let report: (String) -> Void = { line in
         tell(line)
@@ -381,7 +383,7 @@ func c_getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ va
 /// Linux it leaves a TemporaryDirectory.* folder behind in /tmp on every call.
 func writePIDFile(_ path: String) {
     let temp = path + ".tmp"
-    let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+    let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
     guard fd >= 0 else { return }
     let text = "\(getpid())\n"
     _ = text.withCString { write(fd, $0, strlen($0)) }

@@ -46,11 +46,16 @@ final class StoreLock: Sendable {
 /// Opens (creating if missing) the embedded store in `directory`: SQLite metadata, local blob
 /// files and work area, under an exclusive lock so that two daemons can't open one store (the
 /// second open fails with EBUSY). The lock is held as long as any of the returned parts lives.
-public func openEmbeddedStore(directory: String) throws(StoreError) -> BackingStore {
+///
+/// The store is its owner's alone: file names and contents of private containers are in it. So
+/// the folder is made `0700` (an existing folder that others could read or enter is tightened,
+/// and `log` says so) and every file in it `0600`.
+public func openEmbeddedStore(directory: String, log: (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     let directory = directory.count > 1 && directory.hasSuffix("/") ? String(directory.dropLast()) : directory
     var st = stat()
     let existed = stat(directory, &st) == 0
     try makeDirectories(directory, mode: 0o700)
+    try tightenPermissions(of: directory, log: log)
     let lock = try StoreLock(directory: directory)
     let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock)
     let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock)
@@ -62,4 +67,30 @@ public func openEmbeddedStore(directory: String) throws(StoreError) -> BackingSt
         try? fsyncDirectory(parent.isEmpty ? "." : parent)
     }
     return BackingStore(metadata: metadata, blobs: blobs, work: work)
+}
+
+/// Files of the store's top folder that may predate the rule that the store is private (an older
+/// version made some `0644`). The folders below it are always made `0700`.
+private let storeTopFiles = ["lock", "daemon.pid", "ubiquityfs.log", "metadata.sqlite3",
+                             "metadata.sqlite3-wal", "metadata.sqlite3-shm"]
+
+/// Make the store folder `0700` and its known files `0600`, or fail saying how to fix it.
+func tightenPermissions(of directory: String, log: (String) -> Void) throws(StoreError) {
+    var st = stat()
+    guard stat(directory, &st) == 0 else { throw systemError("stat", directory, errno) }
+    if st.st_mode & 0o077 != 0 {
+        if chmod(directory, 0o700) != 0 {
+            let code = errno
+            throw StoreError(errno: code, "the store folder \(directory) can be read or entered by other users (mode "
+                             + "\(String(st.st_mode & 0o777, radix: 8))) and could not be made private: "
+                             + "\(String(cString: strerror(code))); run chmod 700 \(directory) as its owner")
+        }
+        log("made the store folder \(directory) private (mode \(String(st.st_mode & 0o777, radix: 8)) -> 700): "
+            + "it holds the names and content of private containers")
+    }
+    for name in storeTopFiles {
+        let path = directory + "/" + name
+        guard lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, st.st_mode & 0o077 != 0 else { continue }
+        if chmod(path, 0o600) != 0 { throw systemError("chmod", path, errno) }
+    }
 }

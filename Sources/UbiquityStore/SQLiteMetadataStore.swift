@@ -151,6 +151,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     init(path: String, storeLock: StoreLock?) throws(StoreError) {
+        // Create the database 0600 ourselves: SQLite would make it 0644 (less the umask), and it
+        // gives its -wal and -shm files the database's mode.
+        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        if fd < 0 { throw systemError("create", path, errno) }
+        close(fd)
         var handle: OpaquePointer?
         let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &handle, flags, nil)

@@ -32,6 +32,32 @@ final class CLITests: MountTestCase {
         XCTAssertTrue(ubiquityfs(["mount", "--help"]).stdout.contains("--apps"), "mount --help should list --apps")
     }
 
+    /// The store holds the names and content of private containers: another user can read none of
+    /// it, even when the store folder existed beforehand with mode 0755 (as this fixture makes it).
+    func testAnotherUserCannotReadTheStore() throws {
+        try mount(app: "com.example.Ledger")
+        XCTAssertEqual(Posix.writeFile(mountPoint + "/iCloud.com.example.Ledger/Documents/salary-2026.txt", "secret\n"), 0)
+        try unmount()
+        try mount()
+        XCTAssertEqual(chmod(workDir, 0o755), 0, "let nobody reach the store folder's parent")
+        assertShell("runuser -u nobody -- test -x \(shellQuote(workDir))")
+        for relative in try FileManager.default.subpathsOfDirectory(atPath: storeDir) + ["."] {
+            guard let st = Posix.lstat(storeDir + "/" + relative) else { continue }
+            let isFolder = Posix.fileType(st) == S_IFDIR
+            XCTAssertEqual(String(st.st_mode & 0o777, radix: 8), isFolder ? "700" : "600", "STORE/\(relative)")
+        }
+        let db = storeDir + "/metadata.sqlite3"
+        XCTAssertTrue(Posix.exists(db + "-wal"), "the daemon has the database open")
+        let peek = sh("runuser -u nobody -- sqlite3 -readonly \(shellQuote(db)) 'select name from dirents'")
+        XCTAssertFalse(peek.succeeded, "nobody could read the store: \(peek)")
+        XCTAssertFalse(peek.stdout.contains("salary"), "a private container's file name leaked: \(peek)")
+        for name in ["daemon.pid", "ubiquityfs.log", "metadata.sqlite3-wal"] {
+            XCTAssertFalse(sh("runuser -u nobody -- cat \(shellQuote(storeDir + "/" + name))").succeeded, name)
+        }
+        XCTAssertTrue(daemonLogTail(lines: 1000).contains("made the store folder \(storeDir) private (mode 755 -> 700)"),
+                      daemonLogTail())
+    }
+
     func testUsageErrorsExit64() throws {
         for args in [["mount"], ["no-such-subcommand"], ["mount", "--no-such-option", mountPoint],
                      ["unmount"], ["containers", "--apps"]] {

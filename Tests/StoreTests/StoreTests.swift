@@ -75,6 +75,65 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.map"))
     }
 
+    /// Every file and folder of the store, with its permission bits.
+    private func modes(under root: String) throws -> [String: Int] {
+        var out: [String: Int] = [:]
+        let fm = FileManager.default
+        out["."] = try fm.attributesOfItem(atPath: root)[.posixPermissions] as? Int
+        for relative in try fm.subpathsOfDirectory(atPath: root) {
+            out[relative] = try fm.attributesOfItem(atPath: root + "/" + relative)[.posixPermissions] as? Int
+        }
+        return out
+    }
+
+    /// The store holds private containers' names and content: other users may read nothing of it,
+    /// whatever the umask.
+    func testEverythingTheStoreCreatesIsPrivate() throws {
+        let old = umask(0)
+        defer { umask(old) }
+        let root = fixture.directory + "/fresh"
+        do {
+            let store = try openEmbeddedStore(directory: root)
+            try store.metadata.commit([.setMeta(key: "k", value: "v")], durable: true)
+            _ = try writeBlob(store.blobs, [1, 2, 3])
+            let work = try store.work.create(ino: 9)
+            try work.markDirty(0)
+            let found = try modes(under: root)
+            XCTAssertNotNil(found["metadata.sqlite3-wal"], "the WAL exists while the store is open")
+            XCTAssertNotNil(found["metadata.sqlite3-shm"])
+            XCTAssertNotNil(found["work/9.map"])
+            for (path, mode) in found {
+                var st = stat()
+                XCTAssertEqual(lstat(root + "/" + path, &st), 0, path)
+                let expected = (st.st_mode & S_IFMT) == S_IFDIR ? 0o700 : 0o600
+                XCTAssertEqual(String(mode, radix: 8), String(expected, radix: 8), path)
+            }
+            work.remove()
+        }
+    }
+
+    func testAnOpenStoreFolderIsMadePrivate() throws {
+        let root = fixture.directory + "/old"
+        do { _ = try openEmbeddedStore(directory: root) }
+        // As an earlier version left it: folder 0755, database 0644.
+        XCTAssertEqual(chmod(root, 0o755), 0)
+        XCTAssertEqual(chmod(root + "/metadata.sqlite3", 0o644), 0)
+        XCTAssertTrue(FileManager.default.createFile(atPath: root + "/daemon.pid", contents: Data("1\n".utf8),
+                                                    attributes: [.posixPermissions: 0o644]))
+        var notes: [String] = []
+        do { _ = try openEmbeddedStore(directory: root) { notes.append($0) } }
+        let found = try modes(under: root)
+        XCTAssertEqual(found["."], 0o700)
+        XCTAssertEqual(found["metadata.sqlite3"], 0o600)
+        XCTAssertEqual(found["daemon.pid"], 0o600)
+        XCTAssertEqual(notes.count, 1)
+        XCTAssertTrue(notes.first?.contains("made the store folder \(root) private (mode 755 -> 700)") ?? false, "\(notes)")
+        // Already private: nothing to say.
+        notes = []
+        do { _ = try openEmbeddedStore(directory: root) { notes.append($0) } }
+        XCTAssertEqual(notes, [])
+    }
+
     func testSmallFDCacheEvictsUnderConcurrentReads() throws {
         let blobs = try LocalBlobStore(directory: fixture.directory, fdCacheCapacity: 8)
         try StoreSuite.concurrentReadsOfManyBlobs(fixture, blobs: blobs, count: 64)
@@ -120,7 +179,7 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(s.nodes, [Sample.node(9)])
         XCTAssertEqual(s.maxIno, 9)
         XCTAssertEqual(try m.versions(of: 9), [Sample.version(4, ino: 9)])
-        assertStoreError(EIO) { try SQLiteMetadataStore(path: fixture.directory + "/no/such/dir/x.db") }
+        assertStoreError(ENOENT) { try SQLiteMetadataStore(path: fixture.directory + "/no/such/dir/x.db") }
     }
 
     func testSQLiteErrorsMapToErrno() {
