@@ -36,7 +36,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public var versionsToKeep = 64
 
     private let ns = RWLock()
-    private var state: Namespace                      // guarded by ns
+    private let state: Namespace                      // guarded by ns
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
     private var active: [String: ContainerInfo] = [:] // guarded by ns
 
@@ -1140,6 +1140,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                                     availableBlocks: c.availableBlocks, totalFiles: c.totalFiles,
                                     freeFiles: c.freeFiles, nameMax: UInt64(nameMax))
     }
+
+    /// For tests: see `Namespace.storageIdentity`.
+    var namespaceStorageIdentity: [UInt] { ns.read { state.storageIdentity } }
 
     /// Every container registered in the store (for `containers` and tests).
     public var registeredContainers: [ContainerRecord] {

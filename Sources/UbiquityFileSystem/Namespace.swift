@@ -1,10 +1,15 @@
 // The in-memory namespace: every node, folder entry and extended attribute, loaded from the store
 // at start-up and changed only by applying the same `Mutation`s that were just committed to the
 // store. So memory and store cannot drift: a batch is committed first, then applied here.
+//
+// A class, not a struct: there is exactly one namespace, changed in place. As a struct, the
+// `Staging` of an operation held a second reference to its dictionaries while `apply` changed
+// them, so Swift copied them all on every change: a mkdir cost 184 µs in an empty namespace and
+// 21 ms with 100,000 items. Guarded by the filesystem's namespace lock.
 
 import UbiquityStore
 
-struct Namespace: Sendable {
+final class Namespace: @unchecked Sendable {
     var nodes: [InodeNumber: NodeRecord] = [:]
     var children: [InodeNumber: [[UInt8]: InodeNumber]] = [:]
     /// Parent of every folder (folders have exactly one name).
@@ -35,12 +40,12 @@ struct Namespace: Sendable {
         maxVersion = snapshot.maxVersion
     }
 
-    mutating func apply(_ batch: [Mutation]) {
+    func apply(_ batch: [Mutation]) {
         for m in batch { apply(m) }
         pendingVersions.removeAll()
     }
 
-    private mutating func apply(_ m: Mutation) {
+    private func apply(_ m: Mutation) {
         switch m {
         case .putNode(let n):
             let old = nodes[n.ino]
@@ -80,7 +85,17 @@ struct Namespace: Sendable {
     }
 }
 
+extension Namespace {
+    /// The storage of each top-level table, to let tests check that a change is made in place
+    /// (a copy on write gives a table new storage). A native Dictionary is one pointer to it.
+    var storageIdentity: [UInt] {
+        func bits<K, V>(_ d: [K: V]) -> UInt { withUnsafeBytes(of: d) { $0.load(as: UInt.self) } }
+        return [bits(nodes), bits(children), bits(parent), bits(xattrs), bits(chunks)]
+    }
+}
+
 /// The changes one operation makes, staged over the namespace it read: reads see staged nodes.
+/// `base` is the namespace itself (not a copy), which the operation only reads.
 struct Staging {
     let base: Namespace
     private(set) var mutations: [Mutation] = []
