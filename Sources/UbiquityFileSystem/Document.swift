@@ -29,6 +29,8 @@ final class Document: @unchecked Sendable {
     private(set) var base: [ChunkRef]
     private var work: (any WorkFile)?
     private var dirty: Set<Int> = []
+    /// The working copy is marked finished (its last writer closed it); the next change unmarks it.
+    private var finished = false
 
     // Written under `lock` (write) and `statLock`; read under either.
     private let statLock = Lock()
@@ -68,6 +70,8 @@ final class Document: @unchecked Sendable {
 
     // Guarded by the filesystem's docsLock.
     var opens = 0
+    /// Open handles that may write.
+    var writers = 0
 
     init(node: NodeRecord, chunks: [ChunkRef], store: BackingStore) {
         ino = node.ino
@@ -148,6 +152,7 @@ final class Document: @unchecked Sendable {
     func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
         guard bytes.count > 0 else { return }
         try lock.write {
+            try unfinish()
             let start = Int(offset)
             let end = start + bytes.count
             for index in (start / chunkSize)...((end - 1) / chunkSize) {
@@ -161,6 +166,7 @@ final class Document: @unchecked Sendable {
 
     func truncate(to newSize: UInt64) throws {
         try lock.write {
+            try unfinish()
             if newSize < size {
                 let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
                 if newSize % UInt64(chunkSize) != 0 {
@@ -181,6 +187,26 @@ final class Document: @unchecked Sendable {
             }
             touch(size: newSize)
         }
+    }
+
+    /// The last writer closed the file: mark its working copy finished, so that if the daemon
+    /// dies before the publish (the kernel sends that after close(2) has returned), recovery
+    /// makes it the current version rather than a side version: "saved, closed, then the daemon
+    /// died" must not show the old file.
+    func markFinished() throws {
+        try lock.write {
+            guard let work, !finished, stat().unpublished else { return }
+            try work.setFinished(true)
+            finished = true
+        }
+    }
+
+    /// A change is coming: the working copy is no longer a finished document. Caller holds
+    /// `lock` for writing.
+    private func unfinish() throws {
+        guard finished, let work else { return }
+        try work.setFinished(false)
+        finished = false
     }
 
     /// Caller holds `lock` for writing.
@@ -290,6 +316,7 @@ final class Document: @unchecked Sendable {
             dirty = []
             work?.remove()
             work = nil
+            finished = false
             let allocated = allocatedBytes(chunks)
             statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
         }
@@ -301,6 +328,7 @@ final class Document: @unchecked Sendable {
             work?.remove()
             work = nil
             dirty = []
+            finished = false
             statLock.withLock { publishedSeq = writeSeq; dirtyCount = 0 }
         }
     }

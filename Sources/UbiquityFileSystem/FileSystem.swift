@@ -170,6 +170,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         syncLock.withLock { lastSync = monotonicNanoseconds() }
     }
 
+    /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
+    /// a finished document: it becomes the current version, as the publish the daemon did not
+    /// get to would have made it. Any other (still open at the crash, possibly torn by a power
+    /// cut, or based on a version that is no longer current) is kept as a `recovered` version
+    /// beside the current one, for the user to restore.
     private func recoverWorkingCopies() throws {
         for leftover in try store.work.leftovers() {
             let node = ns.read { state.nodes[leftover.ino] }
@@ -180,8 +185,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             var baseChunks: [ChunkRef] = []
             if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
             let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
-                               mtime: node.mtime, store: store)
-            // Durable: the working copy is deleted once this commits.
+                               mtime: max(node.mtime, leftover.modified), store: store)
+            if leftover.finished && leftover.intact && leftover.base == node.currentVersion {
+                // Durable, as every publish below: the working copy is deleted once this commits.
+                try publish(doc, durable: true)
+                log("published inode \(node.ino), closed before the daemon stopped, as its current version")
+                continue
+            }
             try doc.publish(durable: true) { chunks, size, _, _, durable in
                 try self.mutate(durable: durable) { s in
                     let id = s.newVersion()
@@ -263,8 +273,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
         // The drive view reaches only what is inside Documents. The kernel knows only ids this
         // view gave it, so only folders (which another view may move out of Documents) need the
-        // walk; a file's every name is in the folders it was reached through.
-        if case .drive = view, n.kind == .directory, depth(of: n.ino, in: c) == nil {
+        // walk; a file's every name is in the folders it was reached through. A removed folder
+        // has no path at all but is still the working folder the kernel holds.
+        if case .drive = view, n.kind == .directory, n.nlink > 0, depth(of: n.ino, in: c) == nil {
             throw FSError.noEntry("node \(ino) is outside Documents")
         }
         return .node(n)
@@ -854,9 +865,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             let h = nextHandle
             nextHandle += 1
             handles[h] = .file(doc, flags: flags)
+            if Self.mayWrite(flags) { doc.writers += 1 }
             return h
         }
     }
+
+    private static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
 
     private func acquireDocument(_ ino: UInt64) throws -> Document {
         try ns.read {
@@ -905,9 +919,17 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         return bytes.count
     }
 
-    /// Called on each close(2) of a descriptor. Nothing to do: all handles share one working copy.
+    /// Called on each close(2) of a descriptor, before close returns (the release that publishes
+    /// comes later). All handles share one working copy, so there is nothing to write; but when
+    /// this is the last handle that may write, the working copy is a finished document from here
+    /// on, and recovery after a crash makes it current.
     public func flush(handle: UInt64) throws {
-        _ = try fileDocument(handle)
+        let (doc, flags) = try fileDocument(handle)
+        guard Self.mayWrite(flags), docsLock.withLock({ doc.writers == 1 }) else { return }
+        do { try doc.markFinished() } catch {
+            // Not fatal: the content is in the working copy, which recovery keeps as a version.
+            log("marking inode \(doc.ino) closed failed: \(error)")
+        }
     }
 
     /// fsync: publish the working copy durably, so the data survives a crash as the current version.
@@ -924,9 +946,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     public func release(handle: UInt64) throws {
-        guard case .file(let doc, _) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
+        guard case .file(let doc, let flags) = docsLock.withLock({ () -> Handle? in
+            let h = handles.removeValue(forKey: handle)
+            if case .file(let doc, let flags)? = h, Self.mayWrite(flags) { doc.writers -= 1 }
+            return h
+        }) else {
             throw FSError(EBADF, "not a file handle")
         }
+        _ = flags
         try releaseDocument(doc)
     }
 

@@ -243,6 +243,9 @@ public protocol WorkFile: AnyObject, Sendable {
     func markDirty(_ index: Int) throws(StoreError)
     /// Record the base version the dirty chunks apply to, and the logical size.
     func setBase(_ base: VersionID?, size: UInt64) throws(StoreError)
+    /// Record whether the last writer has closed the working copy: a finished document, which
+    /// recovery makes current. Any later change clears it first.
+    func setFinished(_ finished: Bool) throws(StoreError)
     /// fsync the working copy and its map.
     func sync() throws(StoreError)
     /// Delete the working copy and its map.
@@ -256,8 +259,18 @@ public struct RecoveredWork: Sendable {
     public var size: UInt64
     public var dirtyChunks: [Int]
     public var file: any WorkFile
-    public init(ino: InodeNumber, base: VersionID?, size: UInt64, dirtyChunks: [Int], file: any WorkFile) {
+    /// Its last writer had closed it (`setFinished(true)`) and nothing changed it since.
+    public var finished: Bool
+    /// Its bytes are known whole: written since the machine last started, so the kernel's page
+    /// cache kept them even though the daemon died (a kill, not a power cut). Unsynced writes of
+    /// a working copy from before a restart may be torn.
+    public var intact: Bool
+    /// When its data last changed (nanoseconds since the epoch; 0 if unknown).
+    public var modified: Int64
+    public init(ino: InodeNumber, base: VersionID?, size: UInt64, dirtyChunks: [Int], file: any WorkFile,
+                finished: Bool = false, intact: Bool = false, modified: Int64 = 0) {
         self.ino = ino; self.base = base; self.size = size; self.dirtyChunks = dirtyChunks; self.file = file
+        self.finished = finished; self.intact = intact; self.modified = modified
     }
 }
 

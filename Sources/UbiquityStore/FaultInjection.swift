@@ -14,7 +14,7 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     // BlobStore (`blobVerify`: a fault makes `verify` return false)
     case blobWrite, blobRead, blobDelete, syncAll, blobVerify
     // WorkArea and WorkFile
-    case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSync
+    case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSetFinished, workSync
 }
 
 /// Which calls of an operation fail. Calls are counted from when the rule was set.
@@ -243,6 +243,11 @@ public final class FaultInjectingWorkFile: WorkFile, Sendable {
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
         try plan.check(.workSetBase)
         try wrapped.setBase(base, size: size)
+    }
+
+    public func setFinished(_ finished: Bool) throws(StoreError) {
+        try plan.check(.workSetFinished)
+        try wrapped.setFinished(finished)
     }
 
     public func sync() throws(StoreError) {

@@ -1,14 +1,21 @@
 // Working copies as files in `<directory>/work/`:
 //   <ino>.data  sparse; only dirty chunks hold meaningful bytes. Its length is the file's logical
 //               size (`setBase` and `truncate` set it; a pwrite past the end extends it).
-//   <ino>.map   a 32-byte header, then one byte per chunk index (1 = dirty), each set with a
+//   <ino>.map   a 64-byte header, then one byte per chunk index (1 = dirty), each set with a
 //               one-byte pwrite so marking is cheap. Header, little endian:
-//                 0  magic "UBQWMAP1"
-//                 8  u64 flags (bit 0: has a base version)
+//                 0  magic "UBQWMAP2"
+//                 8  u64 flags (bit 0: has a base version; bit 1: finished, i.e. its last writer
+//                    closed it)
 //                16  i64 base version id (0 when none)
 //                24  u64 logical size, as last set by setBase/truncate (informational: the
 //                    data file's length is authoritative, since pwrites extend it without
 //                    touching the map)
+//                32  16 bytes: the boot id (/proc/sys/kernel/random/boot_id) when it was made.
+//                    The same boot id at recovery means the daemon died but the machine did
+//                    not: every byte written is in the page cache, so the copy is whole.
+//                48  reserved (zeros)
+//               Maps of the earlier 32-byte format ("UBQWMAP1": no finished bit, no boot id)
+//               are still read; such a copy counts as neither finished nor intact.
 //
 // `leftovers()` returns every valid pair (its size = the data file's length, its dirty chunks
 // those below that size) and removes malformed or unpaired files.
@@ -19,29 +26,59 @@ import Glibc
 #endif
 
 enum WorkMap {
-    static let magic: [UInt8] = Array("UBQWMAP1".utf8)
-    static let headerSize = 32
+    static let magic: [UInt8] = Array("UBQWMAP2".utf8)
+    static let oldMagic: [UInt8] = Array("UBQWMAP1".utf8)
+    static let headerSize = 64
+    static let oldHeaderSize = 32
+    static let hasBase: UInt64 = 1
+    static let finished: UInt64 = 2
 
-    static func header(base: VersionID?, size: UInt64) -> [UInt8] {
-        var out = magic
-        withUnsafeBytes(of: UInt64(base == nil ? 0 : 1).littleEndian) { out.append(contentsOf: $0) }
-        withUnsafeBytes(of: (base ?? 0).littleEndian) { out.append(contentsOf: $0) }
-        withUnsafeBytes(of: size.littleEndian) { out.append(contentsOf: $0) }
-        return out
+    struct Header: Equatable {
+        var base: VersionID?
+        var size: UInt64
+        var finished = false
+        var boot: [UInt8] = []
+        /// Where the chunk bytes start.
+        var chunksAt = WorkMap.headerSize
     }
 
-    /// (base, size) from a header, or nil when malformed.
-    static func parse(_ bytes: [UInt8]) -> (base: VersionID?, size: UInt64)? {
-        guard bytes.count >= headerSize, Array(bytes[0..<8]) == magic else { return nil }
+    static func header(base: VersionID?, size: UInt64, boot: [UInt8]) -> [UInt8] {
+        var out = magic
+        withUnsafeBytes(of: (base == nil ? 0 : hasBase).littleEndian) { out.append(contentsOf: $0) }
+        withUnsafeBytes(of: (base ?? 0).littleEndian) { out.append(contentsOf: $0) }
+        withUnsafeBytes(of: size.littleEndian) { out.append(contentsOf: $0) }
+        out += boot.count == 16 ? boot : [UInt8](repeating: 0, count: 16)
+        return out + [UInt8](repeating: 0, count: headerSize - out.count)
+    }
+
+    /// The header of a map file's bytes, or nil when malformed.
+    static func parse(_ bytes: [UInt8]) -> Header? {
+        let current = bytes.count >= headerSize && Array(bytes[0..<8]) == magic
+        let old = bytes.count >= oldHeaderSize && Array(bytes[0..<8]) == oldMagic
+        guard current || old else { return nil }
         return bytes.withUnsafeBytes { raw in
             let flags = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
             let base = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 16, as: Int64.self))
             let size = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
-            guard flags & ~1 == 0 else { return nil }
-            return (flags & 1 == 1 ? base : nil, size)
+            guard flags & ~(current ? hasBase | finished : hasBase) == 0 else { return nil }
+            return Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
+                          boot: current ? Array(bytes[32..<48]) : [], chunksAt: current ? headerSize : oldHeaderSize)
         }
     }
 }
+
+/// This boot's id as 16 bytes, or nil when the kernel does not say.
+let currentBootID: [UInt8]? = {
+    guard let text = try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8) else { return nil }
+    let hex = Array(text.utf8.filter { $0 != UInt8(ascii: "-") && $0 != 0x0A })
+    guard hex.count == 32 else { return nil }
+    var out: [UInt8] = []
+    for i in stride(from: 0, to: 32, by: 2) {
+        guard let byte = UInt8(String(decoding: hex[i..<i + 2], as: UTF8.self), radix: 16) else { return nil }
+        out.append(byte)
+    }
+    return out.allSatisfy({ $0 == 0 }) ? nil : out
+}()
 
 public final class LocalWorkArea: WorkArea, Sendable {
     /// `<directory>/work`.
@@ -83,9 +120,9 @@ public final class LocalWorkArea: WorkArea, Sendable {
             throw systemError("create", map, code)
         }
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
-                                 workPath: workPath, dirty: [], newlyCreated: true)
+                                 workPath: workPath, dirty: [], newlyCreated: true, base: nil)
         do throws(StoreError) {
-            try pwriteFully(mapFD, WorkMap.header(base: nil, size: 0), at: 0, path: map)
+            try pwriteFully(mapFD, WorkMap.header(base: nil, size: 0, boot: currentBootID ?? []), at: 0, path: map)
         } catch {
             file.remove()
             throw error
@@ -138,7 +175,7 @@ public final class LocalWorkArea: WorkArea, Sendable {
         guard mapFD >= 0 else { close(dataFD); return nil }
         var dataStat = stat(), mapStat = stat()
         guard retryEINTR({ fstat(dataFD, &dataStat) }) == 0, retryEINTR({ fstat(mapFD, &mapStat) }) == 0,
-              mapStat.st_size >= WorkMap.headerSize else {
+              mapStat.st_size >= WorkMap.oldHeaderSize else {
             close(dataFD); close(mapFD); return nil
         }
         var bytes = [UInt8](repeating: 0, count: Int(mapStat.st_size))
@@ -149,12 +186,16 @@ public final class LocalWorkArea: WorkArea, Sendable {
         let size = UInt64(dataStat.st_size)
         let chunks = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
         var dirty: [Int] = []
-        for i in 0..<min(chunks, bytes.count - WorkMap.headerSize) where bytes[WorkMap.headerSize + i] == 1 {
+        for i in 0..<min(chunks, bytes.count - header.chunksAt) where bytes[header.chunksAt + i] == 1 {
             dirty.append(i)
         }
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
-                                 workPath: workPath, dirty: Set(dirty), newlyCreated: false)
-        return RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file)
+                                 workPath: workPath, dirty: Set(dirty), newlyCreated: false, base: header.base,
+                                 chunksAt: header.chunksAt)
+        let intact = currentBootID != nil && header.boot == currentBootID
+        let modified = Int64(dataStat.st_mtim.tv_sec) * 1_000_000_000 + Int64(dataStat.st_mtim.tv_nsec)
+        return RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
+                             finished: header.finished, intact: intact, modified: modified)
     }
 }
 
@@ -166,18 +207,25 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     private let mapPath: String
     private let workPath: String
 
+    /// Offset of the chunk bytes in the map (an old-format map keeps its layout).
+    private let chunksAt: Int
+
     // `mutex` guards `dirty` (chunk indexes already marked in the map, to skip repeated
-    // pwrites) and `needsDirectorySync` (the files' names are not yet known durable). The fds
-    // are immutable, open for the object's lifetime, and used without the lock.
+    // pwrites), `needsDirectorySync` (the files' names are not yet known durable) and `hasBase`
+    // (for rewriting the flags word). The fds are immutable, open for the object's lifetime, and
+    // used without the lock.
     private let mutex = StoreMutex()
     private var dirty: Set<Int>
     private var needsDirectorySync: Bool
+    private var hasBase: Bool
 
     init(ino: InodeNumber, dataFD: Int32, mapFD: Int32, dataPath: String, mapPath: String,
-         workPath: String, dirty: Set<Int>, newlyCreated: Bool) {
+         workPath: String, dirty: Set<Int>, newlyCreated: Bool, base: VersionID?, chunksAt: Int = WorkMap.headerSize) {
         self.ino = ino; self.dataFD = dataFD; self.mapFD = mapFD
         self.dataPath = dataPath; self.mapPath = mapPath; self.workPath = workPath
         self.dirty = dirty; self.needsDirectorySync = newlyCreated
+        self.hasBase = base != nil
+        self.chunksAt = chunksAt
     }
 
     deinit {
@@ -205,15 +253,25 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
         guard index >= 0 else { throw StoreError(errno: EINVAL, "mark \(mapPath): negative chunk index \(index)") }
         if mutex.withLock({ dirty.contains(index) }) { return }
         try withUnsafeBytes(of: UInt8(1)) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: WorkMap.headerSize + index, path: mapPath)
+            try pwriteFully(mapFD, raw, at: chunksAt + index, path: mapPath)
         }
         mutex.withLock { _ = dirty.insert(index) }
     }
 
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
         guard size <= UInt64(Int64.max) else { throw StoreError(errno: EFBIG, "set base \(dataPath): size \(size)") }
-        try pwriteFully(mapFD, WorkMap.header(base: base, size: size), at: 0, path: mapPath)
+        // setBase comes first on a new working copy, so an old-format map is never rewritten.
+        try pwriteFully(mapFD, WorkMap.header(base: base, size: size, boot: currentBootID ?? []), at: 0, path: mapPath)
+        mutex.withLock { hasBase = base != nil }
         if retryEINTR({ ftruncate(dataFD, off_t(size)) }) != 0 { throw systemError("truncate", dataPath, errno) }
+    }
+
+    public func setFinished(_ finished: Bool) throws(StoreError) {
+        guard chunksAt == WorkMap.headerSize else { return }   // an old-format map has no such bit
+        let flags = (mutex.withLock { hasBase } ? WorkMap.hasBase : 0) | (finished ? WorkMap.finished : 0)
+        try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
+            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
+        }
     }
 
     public func sync() throws(StoreError) {

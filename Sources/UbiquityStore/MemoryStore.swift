@@ -228,7 +228,7 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
     public init() {}
 
     /// Roll every working copy back to its last `sync()` (never-synced ones vanish), as a power
-    /// cut may.
+    /// cut may. What is left is no longer known intact, as after a restart.
     public func simulatePowerCut() {
         mutex.withLock {
             for (ino, file) in files where !file.revertToSynced() { files[ino] = nil }
@@ -244,8 +244,9 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
     public func leftovers() throws(StoreError) -> [RecoveredWork] {
         let all = mutex.withLock { files.values.sorted { $0.ino < $1.ino } }
         return all.map { file in
-            let (base, size, dirty) = file.recoveryInfo()
-            return RecoveredWork(ino: file.ino, base: base, size: size, dirtyChunks: dirty, file: file)
+            let info = file.recoveryInfo()
+            return RecoveredWork(ino: file.ino, base: info.base, size: info.size, dirtyChunks: info.dirty, file: file,
+                                 finished: info.finished, intact: info.intact, modified: info.modified)
         }
     }
 
@@ -263,6 +264,8 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         var size = 0
         var base: VersionID?
         var dirty: Set<Int> = []
+        var finished = false
+        var modified: Int64 = 0
     }
 
     public let ino: InodeNumber
@@ -271,6 +274,8 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
     private let mutex = StoreMutex()
     private var content = Content()
     private var synced: Content?
+    /// False once a simulated power cut rolled it back.
+    private var intact = true
     private weak var area: MemoryWorkArea?
 
     init(ino: InodeNumber, area: MemoryWorkArea) {
@@ -283,15 +288,24 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         mutex.withLock {
             guard let synced else { return false }
             content = synced
+            intact = false
             return true
         }
     }
 
-    fileprivate func recoveryInfo() -> (VersionID?, UInt64, [Int]) {
+    fileprivate func recoveryInfo() -> (base: VersionID?, size: UInt64, dirty: [Int], finished: Bool, intact: Bool,
+                                        modified: Int64) {
         mutex.withLock {
             let chunks = (content.size + chunkSize - 1) / chunkSize
-            return (content.base, UInt64(content.size), content.dirty.filter { $0 < chunks }.sorted())
+            return (content.base, UInt64(content.size), content.dirty.filter { $0 < chunks }.sorted(),
+                    content.finished, intact, content.modified)
         }
+    }
+
+    private func touched() {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        content.modified = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
     }
 
     public func pread(into buffer: UnsafeMutableRawBufferPointer, at offset: Int) throws(StoreError) -> Int {
@@ -334,6 +348,7 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
                 done += step
             }
             content.size = max(content.size, offset + bytes.count)
+            touched()
         }
     }
 
@@ -352,7 +367,10 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
 
     public func truncate(to size: Int) throws(StoreError) {
         guard size >= 0 else { throw StoreError(errno: EINVAL, "truncate work file \(ino): negative size") }
-        mutex.withLock { resize(size) }
+        mutex.withLock {
+            resize(size)
+            touched()
+        }
     }
 
     public func markDirty(_ index: Int) throws(StoreError) {
@@ -364,8 +382,13 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         guard size <= UInt64(Int64.max) else { throw StoreError(errno: EFBIG, "set base of work file \(ino): size \(size)") }
         mutex.withLock {
             content.base = base
+            content.finished = false
             resize(Int(size))
         }
+    }
+
+    public func setFinished(_ finished: Bool) throws(StoreError) {
+        mutex.withLock { content.finished = finished }
     }
 
     public func sync() throws(StoreError) {

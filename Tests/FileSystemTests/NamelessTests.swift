@@ -36,6 +36,21 @@ final class NamelessTests: XCTestCase {
         XCTAssertEqual(try store.work.leftovers().count, 0, "its working copy is removed too")
     }
 
+    /// A removed folder that is still a process's working folder: stat works (link count 0),
+    /// creating in it fails with ENOENT, and it is gone once the kernel forgets it.
+    func testRemovedFolderLivesWhileReferenced() throws {
+        let (fs, _, docs) = try open()
+        let d = try fs.mkdir(parent: docs, name: b("d"), mode: 0o755, caller: owner).ino
+        fs.remember(d)
+        try fs.rmdir(parent: docs, name: b("d"))
+        XCTAssertEqual(try fs.getattr(d).nlink, 0)
+        XCTAssertEqual(try fs.names(d), [])
+        assertErrno(ENOENT, try fs.create(parent: d, name: b("x"), mode: 0o644, flags: O_RDWR, caller: owner),
+                    "create in a removed folder")
+        fs.forget(d, count: 1)
+        assertErrno(ENOENT, try fs.getattr(d), "gone once forgotten")
+    }
+
     func testVersionShownByAReplacedFileIsNeverPruned() throws {
         let (fs, store, docs) = try open()
         fs.versionsToKeep = 2

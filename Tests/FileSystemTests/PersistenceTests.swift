@@ -370,6 +370,100 @@ final class PersistenceTests: XCTestCase {
         }
     }
 
+    /// close(2) returns once FLUSH is answered; the RELEASE that publishes comes after. A daemon
+    /// killed in between must not lose what was saved and closed.
+    func testCrashAfterCloseMakesTheClosedContentCurrent() throws {
+        let store = makeMemoryStore()
+        var existing: UInt64 = 0, created: UInt64 = 0, reopened: UInt64 = 0, stillOpen: UInt64 = 0, shared: UInt64 = 0
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp")
+            existing = try fs.makeFile(docs, "report.txt", b("old"))
+            // Saved and closed (flush), release never came.
+            var h = try fs.open(existing, flags: O_RDWR | O_TRUNC)
+            try fs.put(h, b("saved and closed"), at: 0)
+            try fs.flush(handle: h)
+            let (attrs, h2) = try fs.create(parent: docs, name: b("new.txt"), mode: 0o644, flags: O_RDWR, caller: owner)
+            created = attrs.ino
+            try fs.put(h2, b("brand new"), at: 0)
+            try fs.flush(handle: h2)
+            // Closed, then written again through another descriptor of the same open file: not finished.
+            reopened = try fs.makeFile(docs, "again.txt", b("v1"))
+            h = try fs.open(reopened, flags: O_RDWR)
+            try fs.put(h, b("v2"), at: 0)
+            try fs.flush(handle: h)
+            try fs.put(h, b("v3, still being written"), at: 0)
+            // Never closed.
+            stillOpen = try fs.makeFile(docs, "open.txt", b("published"))
+            h = try fs.open(stillOpen, flags: O_WRONLY)
+            try fs.put(h, b("in progress"), at: 0)
+            // Closed by one writer while another still has it open for writing: not finished.
+            shared = try fs.makeFile(docs, "shared.txt", b("one"))
+            let w1 = try fs.open(shared, flags: O_RDWR), w2 = try fs.open(shared, flags: O_WRONLY)
+            try fs.put(w1, b("two"), at: 0)
+            try fs.flush(handle: w1)
+            _ = w2
+            // A reader's close does not finish anything either.
+            let r = try fs.open(stillOpen, flags: O_RDONLY)
+            try fs.flush(handle: r)
+            // kill -9: the filesystem object is dropped here.
+        }
+        let messages = LogBox()
+        let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, log: { messages.append($0) })
+        assertBytes(try fs.contents(existing), b("saved and closed"))
+        XCTAssertEqual(try store.metadata.versions(of: existing).map(\.origin), [.published, .published])
+        assertBytes(try fs.contents("SugoiApp/new.txt"), b("brand new"))
+        XCTAssertEqual(try fs.getattr(created).size, 9)
+        for (ino, current, side) in [(reopened, "v1", "v3, still being written"), (stillOpen, "published", "in progress"),
+                                     (shared, "one", "two")] {
+            assertBytes(try fs.contents(ino), b(current), "inode \(ino) stays at its published version")
+            let versions = try store.metadata.versions(of: ino)
+            XCTAssertEqual(versions.map(\.origin), [.published, .recovered], "inode \(ino)")
+            assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), b(side), "inode \(ino)'s recovered version")
+        }
+        XCTAssertEqual(try store.work.leftovers().count, 0)
+        XCTAssertTrue(messages.lines.contains { $0.contains("closed before the daemon stopped") }, "\(messages.lines)")
+    }
+
+    /// After a power cut a closed but unsynced working copy may be torn: it is kept beside the
+    /// current version, never made current.
+    func testClosedWorkingCopyAfterPowerCutStaysASideVersion() throws {
+        let store = makeMemoryStore()
+        var ino: UInt64 = 0
+        do {
+            let fs = try openFS(store)
+            ino = try fs.makeFile(try fs.ino("SugoiApp"), "report.txt", b("old"))
+            XCTAssertTrue(fs.publishAll().isEmpty)   // durable
+            let h = try fs.open(ino, flags: O_RDWR)
+            try fs.put(h, b("new"), at: 0)
+            try (store.work.leftovers().first?.file as? MemoryWorkFile)?.sync()
+            try fs.flush(handle: h)
+        }
+        (store.metadata as? MemoryMetadataStore)?.simulatePowerCut()
+        (store.blobs as? MemoryBlobStore)?.simulatePowerCut()
+        (store.work as? MemoryWorkArea)?.simulatePowerCut()
+        let fs = try openFS(store)
+        assertBytes(try fs.contents(ino), b("old"))
+        XCTAssertEqual(try store.metadata.versions(of: ino).map(\.origin), [.published, .recovered])
+    }
+
+    func testFinishedFlagSurvivesInTheEmbeddedWorkArea() throws {
+        let directory = embeddedDirectory()
+        var ino: UInt64 = 0
+        try embeddedSession(directory) { fs, _ in
+            ino = try fs.makeFile(try fs.ino("SugoiApp"), "doc.txt", b("first"))
+        }
+        try embeddedSession(directory, publish: false) { fs, _ in
+            let h = try fs.open(ino, flags: O_RDWR | O_TRUNC)
+            try fs.put(h, b("second, closed"), at: 0)
+            try fs.flush(handle: h)
+        }
+        try embeddedSession(directory) { fs, store in
+            assertBytes(try fs.contents(ino), b("second, closed"))
+            XCTAssertEqual(try store.metadata.versions(of: ino).map(\.origin), [.published, .published])
+        }
+    }
+
     // MARK: idle publishing
 
     func testIdlePublish() throws {

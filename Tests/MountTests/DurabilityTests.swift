@@ -42,6 +42,31 @@ final class DurabilityTests: MountTestCase {
         XCTAssertEqual(Posix.readText(sugoi + "/renamed/er/still/file.txt"), "nested\n")
     }
 
+    /// "Saved, closed, then the daemon died": close(2) returns before the kernel's RELEASE (which
+    /// publishes) reaches the daemon, so a kill -9 right after close must still leave the new
+    /// content as the file, both for a new file and for an existing one rewritten in place.
+    func testKillRightAfterCloseKeepsTheClosedContent() throws {
+        try mount()
+        let dir = docs("SugoiApp")
+        XCTAssertEqual(Posix.writeFile(dir + "/existing.txt", "version 0\n"), 0)
+        try remount()
+        for round in 1...20 {
+            guard let pid = readDaemonPID(), isOurDaemon(pid) else { throw FixtureError("no daemon in round \(round)") }
+            XCTAssertEqual(Posix.writeFile(dir + "/new-\(round).txt", "new file \(round)\n"), 0)
+            XCTAssertEqual(Posix.writeFile(dir + "/existing.txt", "version \(round)\n"), 0)
+            kill(pid, SIGKILL)   // a few microseconds after the last close returned
+            guard waitForExit(pid, seconds: 10) else { throw FixtureError("daemon \(pid) survived SIGKILL") }
+            if !Command.run(["fusermount3", "-u", mountPoint], timeout: 20).succeeded {
+                _ = Command.run(["fusermount3", "-uz", mountPoint], timeout: 20)
+            }
+            try mount()
+            for earlier in 1...round {
+                XCTAssertEqual(Posix.readText(dir + "/new-\(earlier).txt"), "new file \(earlier)\n", "round \(round)")
+            }
+            XCTAssertEqual(Posix.readText(dir + "/existing.txt"), "version \(round)\n", "round \(round)")
+        }
+    }
+
     func testFusermountUnmountStopsTheDaemon() throws {
         try mount()
         XCTAssertEqual(Posix.writeFile(docs("Notes") + "/note.txt", "kept\n"), 0)

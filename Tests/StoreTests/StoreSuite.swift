@@ -412,6 +412,35 @@ enum StoreSuite {
         XCTAssertTrue(try work.leftovers().isEmpty)
     }
 
+    /// A working copy marked finished comes back finished (and intact, on the same boot), with
+    /// its base; unmarking, or a new base, clears the mark.
+    static func finishedMarkSurvivesACrash(_ f: StoreFixture) throws {
+        do {
+            let work = try f.open().work
+            let done = try work.create(ino: 1)
+            try done.setBase(5, size: 0)
+            try writeWork(done, [1, 2, 3], at: 0)
+            try done.markDirty(0)
+            try done.setFinished(true)
+            let undone = try work.create(ino: 2)
+            try undone.setBase(nil, size: 0)
+            try undone.setFinished(true)
+            try undone.setFinished(false)
+            let rebased = try work.create(ino: 3)
+            try rebased.setFinished(true)
+            try rebased.setBase(8, size: 10)
+        }
+        let found = try f.open().work.leftovers().sorted { $0.ino < $1.ino }
+        XCTAssertEqual(found.map(\.ino), [1, 2, 3])
+        guard found.count == 3 else { return }
+        XCTAssertEqual(found.map(\.finished), [true, false, false])
+        XCTAssertEqual(found.map(\.intact), [true, true, true], "the machine did not restart")
+        XCTAssertEqual(found.map(\.base), [5, nil, 8])
+        XCTAssertEqual(found[0].dirtyChunks, [0])
+        XCTAssertGreaterThan(found[0].modified, 0)
+        for w in found { w.file.remove() }
+    }
+
     static func createReplacesAndStaleRemoveIsHarmless(_ f: StoreFixture) throws {
         let work = try f.open().work
         let old = try work.create(ino: 8)

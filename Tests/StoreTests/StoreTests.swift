@@ -30,6 +30,7 @@ final class EmbeddedStoreTests: XCTestCase {
     func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
     func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
     func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
     func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
@@ -73,6 +74,26 @@ final class EmbeddedStoreTests: XCTestCase {
         file.remove()
         XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.data"))
         XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.map"))
+    }
+
+    /// A working copy left by a daemon from before the finished mark (32-byte "UBQWMAP1" map) is
+    /// still recovered, as neither finished nor known intact.
+    func testOldFormatWorkingCopyIsRecovered() throws {
+        do { _ = try fixture.open() }
+        let work = fixture.directory + "/work"
+        var map = Array("UBQWMAP1".utf8)
+        for word: UInt64 in [1, 42, 10] { withUnsafeBytes(of: word.littleEndian) { map += $0 } }
+        map += [1]   // chunk 0 is dirty
+        XCTAssertTrue(FileManager.default.createFile(atPath: work + "/7.map", contents: Data(map)))
+        XCTAssertTrue(FileManager.default.createFile(atPath: work + "/7.data", contents: Data("0123456789".utf8)))
+        let found = try fixture.open().work.leftovers()
+        XCTAssertEqual(found.map(\.ino), [7])
+        XCTAssertEqual(found.first?.base, 42)
+        XCTAssertEqual(found.first?.dirtyChunks, [0])
+        XCTAssertEqual(found.first?.finished, false)
+        XCTAssertEqual(found.first?.intact, false)
+        XCTAssertNoThrow(try found.first?.file.setFinished(true), "an old map takes no mark, and says nothing")
+        XCTAssertEqual(try fixture.open().work.leftovers().first?.finished, false)
     }
 
     /// Every file and folder of the store, with its permission bits.
@@ -228,6 +249,7 @@ final class MemoryStoreTests: XCTestCase {
     func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
     func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
     func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
     func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
