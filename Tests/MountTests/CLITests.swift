@@ -122,6 +122,24 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/ok.txt", "ok"), 0)
     }
 
+    /// One hostile manifest (nested 100,000 levels: deep enough to overflow the stack of a reader
+    /// that recursed, even in a release build) must not take the other containers offline.
+    func testDeeplyNestedManifestIsRefusedAndTheOthersMount() throws {
+        let depth = 100_000
+        let deep = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<plist version=\"1.0\"><dict>"
+            + "<key>CFBundleIdentifier</key><string>com.example.Deep</string><key>Deep</key>"
+            + String(repeating: "<array>", count: depth) + String(repeating: "</array>", count: depth) + "</dict></plist>\n"
+        try deep.write(toFile: appsDir + "/Deep.plist", atomically: false, encoding: .utf8)
+        let check = ubiquityfs(["check", "--apps", appsDir])
+        XCTAssertEqual(check.status, 1, "\(check)")
+        XCTAssertEqual(check.allLines.filter { $0.contains("Deep.plist") }.count, 1, "one line for Deep.plist: \(check)")
+        XCTAssertTrue(check.allLines.contains { $0.contains("Deep.plist") && $0.contains("nested more than 512 levels") },
+                      "\(check)")
+        try mount()
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/ok.txt", "ok"), 0)
+    }
+
     func testMountFailsClearlyOnAMissingMountPoint() throws {
         let missing = workDir + "/no-such-folder"
         let r = ubiquityfs(mountArguments(at: missing), timeout: 60)
