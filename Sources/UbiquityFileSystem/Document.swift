@@ -29,8 +29,11 @@ final class Document: @unchecked Sendable {
     private(set) var base: [ChunkRef]
     private var work: (any WorkFile)?
     private var dirty: Set<Int> = []
-    /// The working copy is marked finished (its last writer closed it); the next change unmarks it.
+    /// The working copy is marked finished (no handle has changes it has not closed); the next
+    /// change unmarks it.
     private var finished = false
+    /// Handles that changed the file since their last flush (close). Finished means none.
+    private var unflushed: Set<UInt64> = []
 
     // Written under `lock` (write) and `statLock`; read under either.
     private let statLock = Lock()
@@ -70,8 +73,6 @@ final class Document: @unchecked Sendable {
 
     // Guarded by the filesystem's docsLock.
     var opens = 0
-    /// Open handles that may write.
-    var writers = 0
 
     init(node: NodeRecord, chunks: [ChunkRef], store: BackingStore) {
         ino = node.ino
@@ -149,10 +150,11 @@ final class Document: @unchecked Sendable {
         }
     }
 
-    func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64) throws {
+    /// Write through `handle` (the file handle the bytes came through).
+    func write(_ bytes: UnsafeRawBufferPointer, at offset: UInt64, handle: UInt64) throws {
         guard bytes.count > 0 else { return }
         try lock.write {
-            try unfinish()
+            try unfinish(by: handle)
             let start = Int(offset)
             let end = start + bytes.count
             for index in (start / chunkSize)...((end - 1) / chunkSize) {
@@ -164,9 +166,10 @@ final class Document: @unchecked Sendable {
         }
     }
 
-    func truncate(to newSize: UInt64) throws {
+    /// Truncate through `handle` (nil: by path, with no descriptor).
+    func truncate(to newSize: UInt64, handle: UInt64?) throws {
         try lock.write {
-            try unfinish()
+            try unfinish(by: handle)
             if newSize < size {
                 let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
                 if newSize % UInt64(chunkSize) != 0 {
@@ -189,23 +192,32 @@ final class Document: @unchecked Sendable {
         }
     }
 
-    /// The last writer closed the file: mark its working copy finished, so that if the daemon
-    /// dies before the publish (the kernel sends that after close(2) has returned), recovery
-    /// makes it the current version rather than a side version: "saved, closed, then the daemon
-    /// died" must not show the old file.
-    func markFinished() throws {
+    /// `handle` was closed (flush: each close(2), before it returns). Once no handle has
+    /// changes it has not closed, the working copy is marked finished, so that if the daemon
+    /// dies before the publish (release comes after close(2) has returned), recovery makes it
+    /// the current version rather than a side version: "saved, closed, then the daemon died"
+    /// must not show the old file. Under `lock`, so no write can slip between check and mark.
+    func flushed(handle: UInt64) throws {
         try lock.write {
-            guard let work, !finished, stat().unpublished else { return }
-            try work.setFinished(true)
+            unflushed.remove(handle)
+            guard unflushed.isEmpty, let work, !finished, stat().unpublished else { return }
+            try work.setFinished(mtime: statLock.withLock { mtime })
             finished = true
         }
     }
 
-    /// A change is coming: the working copy is no longer a finished document. Caller holds
-    /// `lock` for writing.
-    private func unfinish() throws {
+    /// `handle` is gone (release) without necessarily a flush first.
+    func released(handle: UInt64) {
+        lock.write { _ = unflushed.remove(handle) }
+    }
+
+    /// A change through `handle` is coming: the working copy is no longer a finished document.
+    /// The mark is cleared before the change, so a crash in between leaves a side version, never
+    /// a half-changed current one. Caller holds `lock` for writing.
+    private func unfinish(by handle: UInt64?) throws {
+        if let handle { unflushed.insert(handle) }
         guard finished, let work else { return }
-        try work.setFinished(false)
+        try work.setFinished(mtime: nil)
         finished = false
     }
 

@@ -185,7 +185,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             var baseChunks: [ChunkRef] = []
             if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
             let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
-                               mtime: max(node.mtime, leftover.modified), store: store)
+                               mtime: leftover.finished ? leftover.modified : max(node.mtime, leftover.modified),
+                               store: store)
             if leftover.finished && leftover.intact && leftover.base == node.currentVersion {
                 // Durable, as every publish below: the working copy is deleted once this commits.
                 try publish(doc, durable: true)
@@ -271,10 +272,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         guard let n = state.nodes[ino], let c = state.containers[n.container], isShown(c) else {
             throw FSError.noEntry("no node \(ino)")
         }
-        // The drive view reaches only what is inside Documents. The kernel knows only ids this
-        // view gave it, so only folders (which another view may move out of Documents) need the
-        // walk; a file's every name is in the folders it was reached through. A removed folder
-        // has no path at all but is still the working folder the kernel holds.
+        // The drive view reaches only what is inside Documents. The kernel asks only about ids
+        // this view gave it, so the check is for folders: once several views share a store,
+        // another view may move a folder the kernel knows out of Documents. A removed folder
+        // has no path at all but may still be a process's working folder.
         if case .drive = view, n.kind == .directory, n.nlink > 0, depth(of: n.ino, in: c) == nil {
             throw FSError.noEntry("node \(ino) is outside Documents")
         }
@@ -812,7 +813,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 if n.kind != .regular { throw FSError(EINVAL, "not a regular file") }
             }
             if size > UInt64(Int64.max) { throw FSError(EFBIG, "too large") }
-            do { try doc.truncate(to: size) } catch { throw FSError(error) }
+            let through = handle.flatMap { h in isFileHandle(h) ? h : nil }
+            do { try doc.truncate(to: size, handle: through) } catch { throw FSError(error) }
         }
         return try mutate { s in
             guard case .node(var n) = try target(ino) else { throw FSError.readOnly("the mount root is read-only") }
@@ -855,22 +857,27 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Open (or share) the document of `ino`; counts as one open until `release`.
     public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
         let doc = try acquireDocument(ino)
+        let h = docsLock.withLock { () -> UInt64 in
+            defer { nextHandle += 1 }
+            return nextHandle
+        }
         if flags & O_TRUNC != 0 {
-            do { try doc.truncate(to: 0) } catch {
+            // Through the new handle, so the working copy is not finished until it closes.
+            do { try doc.truncate(to: 0, handle: h) } catch {
+                doc.released(handle: h)
                 try? releaseDocument(doc)
                 throw FSError(error)
             }
         }
-        return docsLock.withLock {
-            let h = nextHandle
-            nextHandle += 1
-            handles[h] = .file(doc, flags: flags)
-            if Self.mayWrite(flags) { doc.writers += 1 }
-            return h
-        }
+        docsLock.withLock { handles[h] = .file(doc, flags: flags) }
+        return h
     }
 
     private static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
+
+    private func isFileHandle(_ handle: UInt64) -> Bool {
+        docsLock.withLock { if case .file? = handles[handle] { return true } else { return false } }
+    }
 
     private func acquireDocument(_ ino: UInt64) throws -> Document {
         try ns.read {
@@ -915,18 +922,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         let (doc, flags) = try fileDocument(handle)
         if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
         if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
-        do { try doc.write(bytes, at: offset) } catch { throw FSError(error) }
+        do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
         return bytes.count
     }
 
     /// Called on each close(2) of a descriptor, before close returns (the release that publishes
-    /// comes later). All handles share one working copy, so there is nothing to write; but when
-    /// this is the last handle that may write, the working copy is a finished document from here
-    /// on, and recovery after a crash makes it current.
+    /// comes later). All handles share one working copy, so there is nothing to write; but once
+    /// no handle has changes it has not closed, the working copy is a finished document, and
+    /// recovery after a crash makes it current (see `Document.flushed`).
     public func flush(handle: UInt64) throws {
         let (doc, flags) = try fileDocument(handle)
-        guard Self.mayWrite(flags), docsLock.withLock({ doc.writers == 1 }) else { return }
-        do { try doc.markFinished() } catch {
+        guard Self.mayWrite(flags) else { return }
+        do { try doc.flushed(handle: handle) } catch {
             // Not fatal: the content is in the working copy, which recovery keeps as a version.
             log("marking inode \(doc.ino) closed failed: \(error)")
         }
@@ -946,14 +953,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     public func release(handle: UInt64) throws {
-        guard case .file(let doc, let flags) = docsLock.withLock({ () -> Handle? in
-            let h = handles.removeValue(forKey: handle)
-            if case .file(let doc, let flags)? = h, Self.mayWrite(flags) { doc.writers -= 1 }
-            return h
-        }) else {
+        guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
             throw FSError(EBADF, "not a file handle")
         }
-        _ = flags
+        if Self.mayWrite(flags) { doc.released(handle: handle) }
         try releaseDocument(doc)
     }
 

@@ -292,9 +292,14 @@ func invalidUTF8(_ bytes: [UInt8]) -> Int? {
     if bytes.starts(with: [0xFE, 0xFF]) || bytes.starts(with: [0xFF, 0xFE]) || bytes.starts(with: [0, 0]) { return nil }
     if bytes.starts(with: Array("<?xml".utf8)) {
         let declaration = String(decoding: bytes.prefix(while: { $0 != UInt8(ascii: ">") }).prefix(200), as: UTF8.self).lowercased()
-        if let range = declaration.range(of: "encoding=") {
-            let value = declaration[range.upperBound...].dropFirst().prefix { $0 != "\"" && $0 != "'" }
-            if value != "utf-8" && value != "utf8" { return nil }
+        // encoding = "…" (XML allows white space around "=").
+        if let range = declaration.range(of: "encoding") {
+            let rest = declaration[range.upperBound...].drop { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }
+            if rest.first == "=" {
+                let quoted = rest.dropFirst().drop { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }
+                let value = quoted.dropFirst().prefix { $0 != "\"" && $0 != "'" }
+                if value != "utf-8" && value != "utf8" { return nil }
+            }
         }
     }
     var i = 0

@@ -20,15 +20,86 @@ public typealias InodeNumber = UInt64
 public typealias VersionID = Int64
 public typealias BlobID = UInt64
 
-/// The one error type of the store layer: an errno plus what failed, in words.
+/// The one error type of the store layer: what kind of failure, the system's errno behind it,
+/// and what failed, in words. The model turns kinds into the errno a caller gets, in one place.
 public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        /// A batch's expectation no longer holds: another writer changed the store first.
+        case conflict
+        /// The store cannot be reached (a shared store offline).
+        case unavailable
+        /// Something the call names does not exist (a blob, a file).
+        case notFound
+        /// The disk or the service is full.
+        case noSpace
+        /// Stored data is damaged (a malformed row, a blob that does not match its checksum).
+        case corrupt
+        /// Any other failure; `errno` says which.
+        case io
+    }
+    public var kind: Kind
     public var errno: Int32
     public var message: String
+    /// A failure reported by the system as `errno`.
     public init(errno: Int32, _ message: String) {
         self.errno = errno
         self.message = message
+        switch errno {
+        case ENOSPC, EDQUOT: kind = .noSpace
+        case ENOENT: kind = .notFound
+        default: kind = .io
+        }
+    }
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+        switch kind {
+        case .conflict: errno = EAGAIN
+        case .unavailable: errno = EHOSTUNREACH
+        case .notFound: errno = ENOENT
+        case .noSpace: errno = ENOSPC
+        case .corrupt, .io: errno = EIO
+        }
     }
     public var description: String { "\(message) (errno \(errno): \(String(cString: strerror(errno))))" }
+}
+
+/// A position in the store's change log. Every commit gets the next one; 0 is "before any".
+public typealias ChangeSeq = Int64
+
+/// What a batch expects of the store when it commits. If any does not hold, nothing of the batch
+/// is written and the commit fails with a `.conflict` error, instead of overwriting what another
+/// writer did meanwhile.
+public enum Expectation: Sendable, Equatable, Codable {
+    /// Folder `parent` has no entry `name`.
+    case nameFree(parent: InodeNumber, name: [UInt8])
+    /// Entry `name` of folder `parent` names `child`.
+    case nameIs(parent: InodeNumber, name: [UInt8], child: InodeNumber)
+    /// Node `ino` exists and was last put by the commit `change`.
+    case nodeAt(ino: InodeNumber, change: ChangeSeq)
+    /// Container `identifier` is registered with this root (nil: not registered).
+    case containerRoot(identifier: String, root: InodeNumber?)
+}
+
+/// One commit: its changes, what they assume, and who makes them.
+public struct Batch: Sendable, Equatable {
+    public var mutations: [Mutation]
+    public var expectations: [Expectation]
+    /// The writer (a daemon on a device), as the change log records it.
+    public var writer: String
+    public init(_ mutations: [Mutation], expecting expectations: [Expectation] = [], writer: String = "") {
+        self.mutations = mutations; self.expectations = expectations; self.writer = writer
+    }
+}
+
+/// A committed batch, as the change log returns it.
+public struct ChangeRecord: Sendable, Equatable {
+    public var seq: ChangeSeq
+    public var writer: String
+    public var mutations: [Mutation]
+    public init(seq: ChangeSeq, writer: String, mutations: [Mutation]) {
+        self.seq = seq; self.writer = writer; self.mutations = mutations
+    }
 }
 
 /// Content is split into chunks of this size. Chunk `i` covers bytes [i*chunkSize, (i+1)*chunkSize).
@@ -56,7 +127,7 @@ public struct ChunkRef: Sendable, Hashable, Codable {
 }
 
 /// Times are nanoseconds since the epoch.
-public struct NodeRecord: Sendable, Equatable {
+public struct NodeRecord: Sendable, Equatable, Codable {
     public var ino: InodeNumber
     /// Identifier of the container this node belongs to (e.g. "iCloud.com.example.TestDrive").
     public var container: String
@@ -87,7 +158,7 @@ public struct NodeRecord: Sendable, Equatable {
     }
 }
 
-public struct DirentRecord: Sendable, Equatable {
+public struct DirentRecord: Sendable, Equatable, Codable {
     public var parent: InodeNumber
     public var name: [UInt8]
     public var child: InodeNumber
@@ -96,7 +167,7 @@ public struct DirentRecord: Sendable, Equatable {
     }
 }
 
-public struct XattrRecord: Sendable, Equatable {
+public struct XattrRecord: Sendable, Equatable, Codable {
     public var ino: InodeNumber
     public var name: [UInt8]
     public var value: [UInt8]
@@ -112,7 +183,7 @@ public enum VersionOrigin: String, Sendable, Codable {
     case recovered
 }
 
-public struct VersionRecord: Sendable, Equatable {
+public struct VersionRecord: Sendable, Equatable, Codable {
     public var id: VersionID
     public var ino: InodeNumber
     public var created: Int64
@@ -129,7 +200,7 @@ public struct VersionRecord: Sendable, Equatable {
 }
 
 /// A container as registered (settings frozen until the manifest's CFBundleVersion grows).
-public struct ContainerRecord: Sendable, Equatable {
+public struct ContainerRecord: Sendable, Equatable, Codable {
     public var identifier: String
     public var bundleIdentifier: String
     public var name: String
@@ -150,7 +221,7 @@ public struct ContainerRecord: Sendable, Equatable {
     }
 }
 
-public enum Mutation: Sendable, Equatable {
+public enum Mutation: Sendable, Equatable, Codable {
     /// Insert or replace.
     case putNode(NodeRecord)
     /// Remove the node, its xattrs and its versions (versions' blobs become garbage).
@@ -179,18 +250,35 @@ public struct StoreSnapshot: Sendable {
     /// Chunk lists of every node's current version, keyed by version id.
     public var currentVersions: [VersionRecord] = []
     public var meta: [String: String] = [:]
-    /// Largest inode and version ids ever used (ids are never reused).
+    /// Largest inode and version ids ever used or reserved (ids are never reused).
     public var maxIno: InodeNumber = 0
     public var maxVersion: VersionID = 0
+    /// The change log position this snapshot reflects: `changes(since: seq)` continues from it.
+    public var seq: ChangeSeq = 0
+    /// The commit that last put each node (what `Expectation.nodeAt` compares).
+    public var nodeChanges: [InodeNumber: ChangeSeq] = [:]
     public init() {}
 }
 
+/// The store assumes several writers (daemons of several views and devices): ids come from the
+/// store, a batch says what it expects, and every commit is one entry of an ordered change log
+/// that the other writers read to catch up.
 public protocol MetadataStore: AnyObject, Sendable {
     func load() throws(StoreError) -> StoreSnapshot
-    /// Apply all mutations in one transaction, in order. `durable`: the transaction reaches stable
-    /// storage before this returns (fsync semantics); otherwise it may be lost on power cut but
-    /// never partially applied.
-    func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError)
+    /// Check the batch's expectations and apply all its mutations in one transaction, in order,
+    /// logging it under the next sequence number, which is returned. A failed expectation fails
+    /// the whole batch with `.conflict`. `durable`: the transaction reaches stable storage before
+    /// this returns (fsync semantics); otherwise it may be lost on power cut but never partially
+    /// applied. An empty batch logs nothing (a durable one is a barrier) and returns the last
+    /// sequence number.
+    @discardableResult
+    func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq
+    /// The batches committed after `seq`, oldest first.
+    func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord]
+    /// Reserve `count` inode numbers (never handed out again, to anyone).
+    func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber>
+    /// Reserve `count` version ids.
+    func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID>
     /// All versions of a node, oldest first.
     func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord]
     func version(_ id: VersionID) throws(StoreError) -> VersionRecord?
@@ -243,9 +331,10 @@ public protocol WorkFile: AnyObject, Sendable {
     func markDirty(_ index: Int) throws(StoreError)
     /// Record the base version the dirty chunks apply to, and the logical size.
     func setBase(_ base: VersionID?, size: UInt64) throws(StoreError)
-    /// Record whether the last writer has closed the working copy: a finished document, which
-    /// recovery makes current. Any later change clears it first.
-    func setFinished(_ finished: Bool) throws(StoreError)
+    /// Mark the working copy finished (every writer closed it: a saved document, which recovery
+    /// makes current), with the document's modification time then; nil clears the mark, which
+    /// any later change does first.
+    func setFinished(mtime: Int64?) throws(StoreError)
     /// fsync the working copy and its map.
     func sync() throws(StoreError)
     /// Delete the working copy and its map.
@@ -265,7 +354,8 @@ public struct RecoveredWork: Sendable {
     /// cache kept them even though the daemon died (a kill, not a power cut). Unsynced writes of
     /// a working copy from before a restart may be torn.
     public var intact: Bool
-    /// When its data last changed (nanoseconds since the epoch; 0 if unknown).
+    /// The document's modification time: as recorded with the finished mark, else when the
+    /// working copy's data last changed (nanoseconds since the epoch; 0 if unknown).
     public var modified: Int64
     public init(ino: InodeNumber, base: VersionID?, size: UInt64, dirtyChunks: [Int], file: any WorkFile,
                 finished: Bool = false, intact: Bool = false, modified: Int64 = 0) {
@@ -279,6 +369,14 @@ public protocol WorkArea: AnyObject, Sendable {
     func create(ino: InodeNumber) throws(StoreError) -> any WorkFile
     /// Working copies left by a previous run.
     func leftovers() throws(StoreError) -> [RecoveredWork]
+}
+
+public extension MetadataStore {
+    /// A batch with no expectations (set-up, tests).
+    @discardableResult
+    func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError) -> ChangeSeq {
+        try commit(Batch(mutations), durable: durable)
+    }
 }
 
 /// The three parts of one backing store, opened together.

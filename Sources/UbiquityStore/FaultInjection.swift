@@ -10,7 +10,7 @@ import Glibc
 /// The store calls a `FaultPlan` can fail.
 public enum FaultOperation: String, Sendable, CaseIterable {
     // MetadataStore
-    case load, commit, versions, version
+    case load, commit, changes, reserve, versions, version
     // BlobStore (`blobVerify`: a fault makes `verify` return false)
     case blobWrite, blobRead, blobDelete, syncAll, blobVerify
     // WorkArea and WorkFile
@@ -123,9 +123,24 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
         return try wrapped.load()
     }
 
-    public func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError) {
+    public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
         try plan.check(.commit)
-        try wrapped.commit(mutations, durable: durable)
+        return try wrapped.commit(batch, durable: durable)
+    }
+
+    public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
+        try plan.check(.changes)
+        return try wrapped.changes(since: seq)
+    }
+
+    public func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber> {
+        try plan.check(.reserve)
+        return try wrapped.reserveInodes(count)
+    }
+
+    public func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID> {
+        try plan.check(.reserve)
+        return try wrapped.reserveVersions(count)
     }
 
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
@@ -245,9 +260,9 @@ public final class FaultInjectingWorkFile: WorkFile, Sendable {
         try wrapped.setBase(base, size: size)
     }
 
-    public func setFinished(_ finished: Bool) throws(StoreError) {
+    public func setFinished(mtime: Int64?) throws(StoreError) {
         try plan.check(.workSetFinished)
-        try wrapped.setFinished(finished)
+        try wrapped.setFinished(mtime: mtime)
     }
 
     public func sync() throws(StoreError) {

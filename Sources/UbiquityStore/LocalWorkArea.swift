@@ -13,7 +13,8 @@
 //                32  16 bytes: the boot id (/proc/sys/kernel/random/boot_id) when it was made.
 //                    The same boot id at recovery means the daemon died but the machine did
 //                    not: every byte written is in the page cache, so the copy is whole.
-//                48  reserved (zeros)
+//                48  i64 the document's modification time when it was marked finished
+//                56  reserved (zeros)
 //               Maps of the earlier 32-byte format ("UBQWMAP1": no finished bit, no boot id)
 //               are still read; such a copy counts as neither finished nor intact.
 //
@@ -37,6 +38,7 @@ enum WorkMap {
         var base: VersionID?
         var size: UInt64
         var finished = false
+        var finishedMtime: Int64 = 0
         var boot: [UInt8] = []
         /// Where the chunk bytes start.
         var chunksAt = WorkMap.headerSize
@@ -61,8 +63,10 @@ enum WorkMap {
             let base = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 16, as: Int64.self))
             let size = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
             guard flags & ~(current ? hasBase | finished : hasBase) == 0 else { return nil }
+            let mtime = current ? Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 48, as: Int64.self)) : 0
             return Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
-                          boot: current ? Array(bytes[32..<48]) : [], chunksAt: current ? headerSize : oldHeaderSize)
+                          finishedMtime: mtime, boot: current ? Array(bytes[32..<48]) : [],
+                          chunksAt: current ? headerSize : oldHeaderSize)
         }
     }
 }
@@ -193,7 +197,8 @@ public final class LocalWorkArea: WorkArea, Sendable {
                                  workPath: workPath, dirty: Set(dirty), newlyCreated: false, base: header.base,
                                  chunksAt: header.chunksAt)
         let intact = currentBootID != nil && header.boot == currentBootID
-        let modified = Int64(dataStat.st_mtim.tv_sec) * 1_000_000_000 + Int64(dataStat.st_mtim.tv_nsec)
+        let modified = header.finished ? header.finishedMtime
+            : Int64(dataStat.st_mtim.tv_sec) * 1_000_000_000 + Int64(dataStat.st_mtim.tv_nsec)
         return RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
                              finished: header.finished, intact: intact, modified: modified)
     }
@@ -266,9 +271,15 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
         if retryEINTR({ ftruncate(dataFD, off_t(size)) }) != 0 { throw systemError("truncate", dataPath, errno) }
     }
 
-    public func setFinished(_ finished: Bool) throws(StoreError) {
+    public func setFinished(mtime: Int64?) throws(StoreError) {
         guard chunksAt == WorkMap.headerSize else { return }   // an old-format map has no such bit
-        let flags = (mutex.withLock { hasBase } ? WorkMap.hasBase : 0) | (finished ? WorkMap.finished : 0)
+        if let mtime {
+            // The time first: the flag, written after it, vouches for it.
+            try withUnsafeBytes(of: mtime.littleEndian) { (raw) throws(StoreError) in
+                try pwriteFully(mapFD, raw, at: 48, path: mapPath)
+            }
+        }
+        let flags = (mutex.withLock { hasBase } ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0)
         try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
             try pwriteFully(mapFD, raw, at: 8, path: mapPath)
         }

@@ -32,6 +32,9 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         var meta: [String: String] = [:]
         var maxIno: InodeNumber = 0
         var maxVersion: VersionID = 0
+        var nodeChanges: [InodeNumber: ChangeSeq] = [:]
+        var log: [ChangeRecord] = []
+        var seq: ChangeSeq = 0
     }
 
     // `mutex` guards `state` (what is committed), `durableState` (what survives a simulated
@@ -69,19 +72,45 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         snapshot.meta = s.meta
         snapshot.maxIno = s.maxIno
         snapshot.maxVersion = s.maxVersion
+        snapshot.seq = s.seq
+        snapshot.nodeChanges = s.nodeChanges
         return snapshot
     }
 
-    public func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError) {
-        try mutex.withLock { () throws(StoreError) in
+    private static func holds(_ e: Expectation, in s: State) -> Bool {
+        switch e {
+        case .nameFree(let parent, let name): return s.dirents[DirentKey(parent: parent, name: name)] == nil
+        case .nameIs(let parent, let name, let child): return s.dirents[DirentKey(parent: parent, name: name)] == child
+        case .nodeAt(let ino, let change): return s.nodes[ino] != nil && s.nodeChanges[ino, default: 0] == change
+        case .containerRoot(let identifier, let root): return s.containers[identifier]?.rootIno == root
+        }
+    }
+
+    public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
+        try mutex.withLock { () throws(StoreError) -> ChangeSeq in
+            if let failed = batch.expectations.first(where: { !Self.holds($0, in: state) }) {
+                throw StoreError(.conflict, "memory store: expected \(failed), which no longer holds")
+            }
+            guard !batch.mutations.isEmpty else {
+                // Counted: an empty batch is a barrier (durable) or at least a round trip.
+                commits += 1
+                if durable {
+                    durableState = state
+                    durableCommits += 1
+                }
+                return state.seq
+            }
             var s = state  // applied to a copy: a failing mutation leaves `state` untouched
-            for mutation in mutations {
+            let seq = s.seq + 1
+            for mutation in batch.mutations {
                 switch mutation {
                 case .putNode(let n):
                     s.nodes[n.ino] = n
+                    s.nodeChanges[n.ino] = seq
                     s.maxIno = max(s.maxIno, n.ino)
                 case .deleteNode(let ino):
                     s.nodes[ino] = nil
+                    s.nodeChanges[ino] = nil
                     s.xattrs = s.xattrs.filter { $0.key.ino != ino }
                     s.versions = s.versions.filter { $0.value.ino != ino }
                 case .putDirent(let d):
@@ -109,12 +138,44 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
                     s.meta[key] = value
                 }
             }
+            s.seq = seq
+            s.log.append(ChangeRecord(seq: seq, writer: batch.writer, mutations: batch.mutations))
             state = s
             commits += 1
             if durable {
                 durableState = s
                 durableCommits += 1
             }
+            return seq
+        }
+    }
+
+    public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
+        mutex.withLock {
+            // Sequence numbers are dense here: record n is at index n - 1.
+            let from = max(0, Int(seq))
+            return from < state.log.count ? Array(state.log[from...]) : []
+        }
+    }
+
+    public func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber> {
+        precondition(count > 0)
+        return mutex.withLock {
+            // Inode 1 is the mount root (FUSE_ROOT_ID): store nodes start at 2.
+            let first = max(state.maxIno, 1) + 1
+            state.maxIno = first + InodeNumber(count) - 1
+            durableState.maxIno = max(durableState.maxIno, state.maxIno)   // reservations are never handed out twice
+            return first...state.maxIno
+        }
+    }
+
+    public func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID> {
+        precondition(count > 0)
+        return mutex.withLock {
+            let first = state.maxVersion + 1
+            state.maxVersion = first + VersionID(count) - 1
+            durableState.maxVersion = max(durableState.maxVersion, state.maxVersion)
+            return first...state.maxVersion
         }
     }
 
@@ -265,6 +326,7 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         var base: VersionID?
         var dirty: Set<Int> = []
         var finished = false
+        var finishedMtime: Int64?
         var modified: Int64 = 0
     }
 
@@ -298,7 +360,7 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         mutex.withLock {
             let chunks = (content.size + chunkSize - 1) / chunkSize
             return (content.base, UInt64(content.size), content.dirty.filter { $0 < chunks }.sorted(),
-                    content.finished, intact, content.modified)
+                    content.finished, intact, content.finishedMtime ?? content.modified)
         }
     }
 
@@ -383,12 +445,16 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         mutex.withLock {
             content.base = base
             content.finished = false
+            content.finishedMtime = nil
             resize(Int(size))
         }
     }
 
-    public func setFinished(_ finished: Bool) throws(StoreError) {
-        mutex.withLock { content.finished = finished }
+    public func setFinished(mtime: Int64?) throws(StoreError) {
+        mutex.withLock {
+            content.finished = mtime != nil
+            content.finishedMtime = mtime
+        }
     }
 
     public func sync() throws(StoreError) {

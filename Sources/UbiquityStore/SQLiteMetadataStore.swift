@@ -32,7 +32,8 @@ func errnoForSQLite(_ code: Int32) -> Int32 {
     }
 }
 
-private let schemaVersion: Int64 = 1
+/// 1: the single-writer store. 2: the change log (`changes`) and each node's last change.
+private let schemaVersion: Int64 = 2
 
 private let schemaSQL = """
     CREATE TABLE IF NOT EXISTS store_meta(
@@ -58,7 +59,13 @@ private let schemaSQL = """
         btime INTEGER NOT NULL,
         rdev INTEGER NOT NULL,
         target BLOB NOT NULL,
-        current_version INTEGER
+        current_version INTEGER,
+        change_seq INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE IF NOT EXISTS changes(
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        writer TEXT NOT NULL,
+        batch BLOB NOT NULL
     );
     CREATE TABLE IF NOT EXISTS dirents(
         parent INTEGER NOT NULL,
@@ -195,11 +202,18 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         try exec(db, "BEGIN IMMEDIATE", path: path)
         do throws(StoreError) {
             try exec(db, schemaSQL, path: path)
-            let version = try scalarInt(db, "SELECT value FROM store_meta WHERE key='schema_version'", path: path)
-            guard version == schemaVersion else {
-                throw StoreError(errno: EIO, "\(path): unsupported schema version \(version ?? -1) "
-                                 + "(this ubiquityfs knows \(schemaVersion))")
+            var version = try scalarInt(db, "SELECT value FROM store_meta WHERE key='schema_version'", path: path) ?? -1
+            if version > schemaVersion || version < 1 {
+                throw StoreError(.corrupt, "\(path): the store has schema version \(version), and this ubiquityfs "
+                                 + "knows versions 1 to \(schemaVersion): use a newer ubiquityfs")
             }
+            // Forward migrations, in one transaction with the check above.
+            if version == 1 {
+                // The change log table came with the schema above; nodes gain their last change.
+                try exec(db, "ALTER TABLE nodes ADD COLUMN change_seq INTEGER NOT NULL DEFAULT 0", path: path)
+                version = 2
+            }
+            try exec(db, "UPDATE store_meta SET value = \(version) WHERE key = 'schema_version'", path: path)
             try exec(db, "COMMIT", path: path)
         } catch {
             if sqlite3_get_autocommit(db) == 0 { sqlite3_exec(db, "ROLLBACK", nil, nil, nil) }
@@ -367,8 +381,10 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             try run("BEGIN")
             do throws(StoreError) {
                 var s = StoreSnapshot()
-                try run("SELECT \(Self.nodeColumns) FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
-                    s.nodes.append(try decodeNode(r))
+                try run("SELECT \(Self.nodeColumns), change_seq FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
+                    let n = try decodeNode(r)
+                    s.nodes.append(n)
+                    s.nodeChanges[n.ino] = r.int(15)
                 })
                 try run("SELECT parent, name, child FROM dirents", row: { r in
                     s.dirents.append(DirentRecord(parent: r.uint(0), name: r.blob(1), child: r.uint(2)))
@@ -393,6 +409,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 })
                 try run("SELECT key, value FROM meta", row: { r in s.meta[r.text(0)] = r.text(1) })
                 (s.maxIno, s.maxVersion) = try highWaterMarks()
+                s.seq = try lastSeq()
                 try run("COMMIT")
                 return s
             } catch {
@@ -402,23 +419,40 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
-    public func commit(_ mutations: [Mutation], durable: Bool) throws(StoreError) {
-        try mutex.withLock { () throws(StoreError) in
-            if mutations.isEmpty {
-                // Nothing to write; a durable empty batch is a barrier for earlier commits.
-                if durable { try checkpoint() }
-                return
-            }
+    public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
+        try mutex.withLock { () throws(StoreError) -> ChangeSeq in
             if durable { try run("PRAGMA synchronous=FULL") }
             defer { if durable { try? run("PRAGMA synchronous=NORMAL") } }
             try run("BEGIN IMMEDIATE")
             do throws(StoreError) {
+                for e in batch.expectations { try check(e) }
+                guard !batch.mutations.isEmpty else {
+                    // Nothing to log. A durable empty batch is a barrier for every earlier commit:
+                    // a small write transaction under synchronous=FULL syncs the WAL, where a
+                    // passive checkpoint would sync nothing while a reader pins the WAL.
+                    if durable {
+                        try run("INSERT OR REPLACE INTO store_meta(key, value) VALUES('barrier', "
+                                + "COALESCE((SELECT value FROM store_meta WHERE key = 'barrier'), 0) + 1)")
+                    }
+                    let seq = try lastSeq()
+                    try run("COMMIT")
+                    return seq
+                }
+                let encoded: [UInt8]
+                do { encoded = try [UInt8](JSONEncoder().encode(batch.mutations)) } catch {
+                    throw StoreError(.io, "\(path): cannot encode a batch for the change log: \(error)")
+                }
+                try run("INSERT INTO changes(writer, batch) VALUES(?1, ?2)") { b throws(StoreError) in
+                    try b.text(1, batch.writer)
+                    try b.blob(2, encoded)
+                }
+                let seq = sqlite3_last_insert_rowid(db)
                 // Read inside the write transaction: no other connection can move them meanwhile.
                 let (maxIno, maxVersion) = try highWaterMarks()
                 var newMaxIno = maxIno
                 var newMaxVersion = maxVersion
-                for mutation in mutations {
-                    try apply(mutation, maxIno: &newMaxIno, maxVersion: &newMaxVersion)
+                for mutation in batch.mutations {
+                    try apply(mutation, seq: seq, maxIno: &newMaxIno, maxVersion: &newMaxVersion)
                 }
                 if newMaxIno != maxIno {
                     try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_ino'") { b throws(StoreError) in
@@ -431,6 +465,95 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                     }
                 }
                 try run("COMMIT")
+                return seq
+            } catch {
+                rollbackIfNeeded()
+                throw error
+            }
+        }
+    }
+
+    /// Throws `.conflict` unless `e` holds; call inside the write transaction.
+    private func check(_ e: Expectation) throws(StoreError) {
+        var holds = false
+        switch e {
+        case .nameFree(let parent, let name):
+            holds = true
+            try run("SELECT 1 FROM dirents WHERE parent = ?1 AND name = ?2", bind: { b throws(StoreError) in
+                try b.uint(1, parent)
+                try b.blob(2, name)
+            }, row: { _ in holds = false })
+        case .nameIs(let parent, let name, let child):
+            try run("SELECT child FROM dirents WHERE parent = ?1 AND name = ?2", bind: { b throws(StoreError) in
+                try b.uint(1, parent)
+                try b.blob(2, name)
+            }, row: { r in holds = r.uint(0) == child })
+        case .nodeAt(let ino, let change):
+            try run("SELECT change_seq FROM nodes WHERE ino = ?1", bind: { b throws(StoreError) in try b.uint(1, ino) },
+                    row: { r in holds = r.int(0) == change })
+        case .containerRoot(let identifier, let root):
+            var found: InodeNumber?
+            try run("SELECT root_ino FROM containers WHERE identifier = ?1",
+                    bind: { b throws(StoreError) in try b.text(1, identifier) }, row: { r in found = r.uint(0) })
+            holds = found == root
+        }
+        if !holds { throw StoreError(.conflict, "\(path): expected \(e), which no longer holds") }
+    }
+
+    /// The last sequence number handed out (0 before the first commit); call inside a transaction.
+    private func lastSeq() throws(StoreError) -> ChangeSeq {
+        var seq: ChangeSeq = 0
+        try run("SELECT seq FROM sqlite_sequence WHERE name = 'changes'", row: { r in seq = r.int(0) })
+        return seq
+    }
+
+    public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
+        try mutex.withLock { () throws(StoreError) -> [ChangeRecord] in
+            var result: [ChangeRecord] = []
+            try run("SELECT seq, writer, batch FROM changes WHERE seq > ?1 ORDER BY seq",
+                    bind: { b throws(StoreError) in try b.int(1, seq) },
+                    row: { (r) throws(StoreError) in
+                let mutations: [Mutation]
+                do { mutations = try JSONDecoder().decode([Mutation].self, from: Data(r.blob(2))) } catch {
+                    throw StoreError(.corrupt, "\(path): change \(r.int(0)) cannot be read: \(error)")
+                }
+                result.append(ChangeRecord(seq: r.int(0), writer: r.text(1), mutations: mutations))
+            })
+            return result
+        }
+    }
+
+    public func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber> {
+        let (first, last) = try reserve("max_ino", count, floor: 1)
+        return InodeNumber(bitPattern: first)...InodeNumber(bitPattern: last)
+    }
+
+    public func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID> {
+        let (first, last) = try reserve("max_version", count, floor: 0)
+        return first...last
+    }
+
+    /// Advance a high-water mark by `count` in a durable transaction: a reservation lost to a
+    /// power cut could hand out ids again that a surviving working copy is named by.
+    private func reserve(_ key: String, _ count: Int, floor: Int64) throws(StoreError) -> (Int64, Int64) {
+        precondition(count > 0)
+        return try mutex.withLock { () throws(StoreError) -> (Int64, Int64) in
+            try run("PRAGMA synchronous=FULL")
+            defer { try? run("PRAGMA synchronous=NORMAL") }
+            try run("BEGIN IMMEDIATE")
+            do throws(StoreError) {
+                var current: Int64 = 0
+                try run("SELECT value FROM store_meta WHERE key = ?1", bind: { b throws(StoreError) in try b.text(1, key) },
+                        row: { r in current = r.int(0) })
+                // Inode 1 is the mount root (FUSE_ROOT_ID): store nodes start at 2.
+                let first = max(current, floor) + 1
+                let last = first + Int64(count) - 1
+                try run("UPDATE store_meta SET value = ?1 WHERE key = ?2") { b throws(StoreError) in
+                    try b.int(1, last)
+                    try b.text(2, key)
+                }
+                try run("COMMIT")
+                return (first, last)
             } catch {
                 rollbackIfNeeded()
                 throw error
@@ -448,10 +571,6 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         return (UInt64(bitPattern: ino), version)
     }
 
-    private func checkpoint() throws(StoreError) {
-        try run("PRAGMA wal_checkpoint(PASSIVE)")
-    }
-
     private func rollbackIfNeeded() {
         if sqlite3_get_autocommit(db) == 0 {
             try? run("ROLLBACK")
@@ -459,12 +578,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
-    private func apply(_ mutation: Mutation, maxIno: inout UInt64, maxVersion: inout Int64) throws(StoreError) {
+    private func apply(_ mutation: Mutation, seq: ChangeSeq, maxIno: inout UInt64, maxVersion: inout Int64) throws(StoreError) {
         switch mutation {
         case .putNode(let n):
             try run("""
-                INSERT OR REPLACE INTO nodes(\(Self.nodeColumns))
-                VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+                INSERT OR REPLACE INTO nodes(\(Self.nodeColumns), change_seq)
+                VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
                 """) { b throws(StoreError) in
                 try b.uint(1, n.ino)
                 try b.text(2, n.container)
@@ -481,6 +600,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.uint(13, n.rdev)
                 try b.blob(14, n.target)
                 if let v = n.currentVersion { try b.int(15, v) } else { try b.null(15) }
+                try b.int(16, seq)
             }
             maxIno = max(maxIno, n.ino)
         case .deleteNode(let ino):

@@ -63,7 +63,8 @@ final class DriveViewTests: XCTestCase {
                     "the drive view names containers by name, not identifier")
     }
 
-    /// Seed 000: TestDrive writes Documents/MyTextFile.txt; the user finds TestDrive/MyTextFile.txt.
+    /// The TestDrive app writes Documents/MyTextFile.txt; in Finder the user finds
+    /// iCloud Drive → TestDrive → MyTextFile.txt, and here TestDrive/MyTextFile.txt.
     func testFilesTheAppPutsInDocumentsAreInTheContainerFolder() throws {
         // (One store, one model at a time: each is opened after the other is done.)
         fs = nil

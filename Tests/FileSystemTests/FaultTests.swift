@@ -179,4 +179,26 @@ final class FaultTests: XCTestCase {
         check("release with a failing blob write") { try fs.release(handle: h) }
         XCTAssertEqual(fs.publishAll().map { errnoName($0.errno) }, ["ENOSPC"], "publishAll keeps the store's errno")
     }
+
+    /// Marking a closed working copy finished is best effort (a failure is logged, the close
+    /// succeeds, recovery keeps a side version); clearing the mark is not: a write that cannot
+    /// clear it fails, so a marked copy never holds a half-made change.
+    func testFinishedMarkFaults() throws {
+        let ino = try fs.makeFile(docs, "f.txt", b("published"))
+        let h = try fs.open(ino, flags: O_RDWR)
+        try fs.put(h, b("PUBLISHED"), at: 0)
+        plan.fail(.workSetFinished, errno: EIO, .nthCall(1))
+        XCTAssertNoThrow(try fs.flush(handle: h), "a failed mark does not fail the close")
+        XCTAssertEqual(try base.work.leftovers().first?.finished, false)
+        try fs.flush(handle: h)   // marks now
+        XCTAssertEqual(try base.work.leftovers().first?.finished, true)
+        plan.fail(.workSetFinished, errno: EIO, .nthCall(1))
+        assertErrno(EIO, try fs.put(h, b("x"), at: 0), "a write that cannot clear the mark")
+        XCTAssertEqual(try base.work.leftovers().first?.finished, true, "still marked, with the closed content")
+        assertBytes(try fs.get(h, at: 0, count: 20), b("PUBLISHED"), "the failed write changed nothing")
+        try fs.put(h, b("y"), at: 0)
+        XCTAssertEqual(try base.work.leftovers().first?.finished, false)
+        try fs.release(handle: h)
+        assertBytes(try fs.contents(ino), b("yUBLISHED"))
+    }
 }

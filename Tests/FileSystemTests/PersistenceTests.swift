@@ -375,6 +375,7 @@ final class PersistenceTests: XCTestCase {
     func testCrashAfterCloseMakesTheClosedContentCurrent() throws {
         let store = makeMemoryStore()
         var existing: UInt64 = 0, created: UInt64 = 0, reopened: UInt64 = 0, stillOpen: UInt64 = 0, shared: UInt64 = 0
+        var both: UInt64 = 0, truncated: UInt64 = 0
         do {
             let fs = try openFS(store)
             let docs = try fs.ino("SugoiApp")
@@ -397,12 +398,25 @@ final class PersistenceTests: XCTestCase {
             stillOpen = try fs.makeFile(docs, "open.txt", b("published"))
             h = try fs.open(stillOpen, flags: O_WRONLY)
             try fs.put(h, b("in progress"), at: 0)
-            // Closed by one writer while another still has it open for writing: not finished.
+            // Closed by one writer while another, still open, has written too: not finished.
             shared = try fs.makeFile(docs, "shared.txt", b("one"))
             let w1 = try fs.open(shared, flags: O_RDWR), w2 = try fs.open(shared, flags: O_WRONLY)
-            try fs.put(w1, b("two"), at: 0)
+            try fs.put(w1, b("tw"), at: 0)
+            try fs.put(w2, b("o"), at: 2)
             try fs.flush(handle: w1)
-            _ = w2
+            // Two writers that both closed (their releases not yet arrived): finished.
+            both = try fs.makeFile(docs, "both.txt", b("old"))
+            let b1 = try fs.open(both, flags: O_WRONLY), b2 = try fs.open(both, flags: O_WRONLY)
+            try fs.put(b1, b("ne"), at: 0)
+            try fs.put(b2, b("w"), at: 2)
+            try fs.flush(handle: b1)
+            try fs.flush(handle: b2)
+            // Opened with O_TRUNC while another handle is clean: the truncation counts as the new
+            // handle's change, so the other's close does not finish an emptied file.
+            truncated = try fs.makeFile(docs, "trunc.txt", b("keep"))
+            let clean = try fs.open(truncated, flags: O_RDWR)
+            _ = try fs.open(truncated, flags: O_WRONLY | O_TRUNC)
+            try fs.flush(handle: clean)
             // A reader's close does not finish anything either.
             let r = try fs.open(stillOpen, flags: O_RDONLY)
             try fs.flush(handle: r)
@@ -414,8 +428,9 @@ final class PersistenceTests: XCTestCase {
         XCTAssertEqual(try store.metadata.versions(of: existing).map(\.origin), [.published, .published])
         assertBytes(try fs.contents("SugoiApp/new.txt"), b("brand new"))
         XCTAssertEqual(try fs.getattr(created).size, 9)
+        assertBytes(try fs.contents(both), b("new"))
         for (ino, current, side) in [(reopened, "v1", "v3, still being written"), (stillOpen, "published", "in progress"),
-                                     (shared, "one", "two")] {
+                                     (shared, "one", "two"), (truncated, "keep", "")] {
             assertBytes(try fs.contents(ino), b(current), "inode \(ino) stays at its published version")
             let versions = try store.metadata.versions(of: ino)
             XCTAssertEqual(versions.map(\.origin), [.published, .recovered], "inode \(ino)")
@@ -423,6 +438,34 @@ final class PersistenceTests: XCTestCase {
         }
         XCTAssertEqual(try store.work.leftovers().count, 0)
         XCTAssertTrue(messages.lines.contains { $0.contains("closed before the daemon stopped") }, "\(messages.lines)")
+    }
+
+    /// A finished copy whose base is no longer the file's current version (another writer
+    /// published meanwhile) must not replace that version: it is kept beside it.
+    func testFinishedCopyOnAStaleBaseStaysASideVersion() throws {
+        let store = makeMemoryStore()
+        var ino: UInt64 = 0
+        do {
+            let fs = try openFS(store)
+            ino = try fs.makeFile(try fs.ino("SugoiApp"), "report.txt", b("base"))
+            let h = try fs.open(ino, flags: O_RDWR)
+            try fs.put(h, b("mine"), at: 0)
+            try fs.flush(handle: h)
+        }
+        // Another writer's publish, straight into the store.
+        var node = try XCTUnwrap(store.metadata.load().nodes.first { $0.ino == ino })
+        let theirs = try writeBlob(store.blobs, b("theirs"))
+        let id = try store.metadata.reserveVersions(1).lowerBound
+        node.currentVersion = id
+        node.size = 6
+        try store.metadata.commit([.putVersion(VersionRecord(id: id, ino: ino, created: 1, size: 6, chunks: [theirs],
+                                                             origin: .published, device: "other")),
+                                   .putNode(node)], durable: true)
+        let fs = try openFS(store)
+        assertBytes(try fs.contents(ino), b("theirs"))
+        let versions = try store.metadata.versions(of: ino)
+        XCTAssertEqual(versions.map(\.origin), [.published, .published, .recovered])
+        assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), b("mine"))
     }
 
     /// After a power cut a closed but unsynced working copy may be torn: it is kept beside the
@@ -436,8 +479,12 @@ final class PersistenceTests: XCTestCase {
             XCTAssertTrue(fs.publishAll().isEmpty)   // durable
             let h = try fs.open(ino, flags: O_RDWR)
             try fs.put(h, b("new"), at: 0)
-            try (store.work.leftovers().first?.file as? MemoryWorkFile)?.sync()
             try fs.flush(handle: h)
+            // Synced after the mark, so the finished copy survives the cut, marked: only the
+            // restart keeps it from being made current.
+            let left = try XCTUnwrap(store.work.leftovers().first)
+            XCTAssertTrue(left.finished)
+            try left.file.sync()
         }
         (store.metadata as? MemoryMetadataStore)?.simulatePowerCut()
         (store.blobs as? MemoryBlobStore)?.simulatePowerCut()

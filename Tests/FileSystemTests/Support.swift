@@ -20,11 +20,11 @@ let owner = Caller(uid: getuid(), gid: getgid())
 let alice = Caller(uid: 1000, gid: 1000)
 
 enum Sample {
-    /// Public, levels None (the TestDrive of seed 000).
+    /// Public, levels None (the TestDrive example app of Apple's iCloud Drive guide).
     static let testDrive = ContainerInfo(identifier: "iCloud.com.example.TestDrive", bundleIdentifier: "com.example.TestDrive",
                                          name: "TestDrive", isPublic: true, folderLevels: "None", registeredVersion: "1",
                                          manifestPath: "/apps/TestDrive/Info.plist", active: true)
-    /// Public, levels Any (SugoiApp of seed 001).
+    /// Public, levels Any (an app that keeps folders of documents).
     static let sugoi = ContainerInfo(identifier: "iCloud.com.example.SugoiApp", bundleIdentifier: "com.example.SugoiApp",
                                      name: "SugoiApp", isPublic: true, folderLevels: "Any", registeredVersion: "1",
                                      manifestPath: "/apps/SugoiApp/Info.plist", active: true)
@@ -157,4 +157,9 @@ func assertBytes(_ got: @autoclosure () throws -> [UInt8], _ expected: [UInt8], 
     func around(_ bytes: [UInt8]) -> [UInt8] { Array(bytes[min(first, bytes.count)..<min(first + 8, bytes.count)]) }
     XCTFail("\(what): \(actual.count) bytes, expected \(expected.count); first difference at offset \(first): "
             + "\(around(actual)) vs \(around(expected))", file: file, line: line)
+}
+
+/// Store `bytes` as one blob.
+func writeBlob(_ blobs: any BlobStore, _ bytes: [UInt8]) throws -> ChunkRef {
+    try bytes.withUnsafeBytes { try blobs.write($0, durable: false) }
 }

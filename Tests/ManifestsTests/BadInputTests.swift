@@ -157,6 +157,11 @@ final class BadInputTests: XCTestCase {
             XCTAssertEqual(diagnostics.count, 1)
             XCTAssertTrue(diagnostics[0].message.hasPrefix("the file is not valid UTF-8: byte 0x\(String(bad[0], radix: 16, uppercase: true)) at line "), diagnostics[0].message)
         }
+        // A file that declares another encoding is left to the XML reader, however it spaces it.
+        for declaration in ["encoding=\"ISO-8859-1\"", "encoding = 'ISO-8859-1'", "encoding\n=\t\"latin1\""] {
+            XCTAssertNil(invalidUTF8(Array("<?xml version=\"1.0\" \(declaration)?><plist/>".utf8) + [0xE9]), declaration)
+        }
+        XCTAssertEqual(invalidUTF8(Array("<?xml version=\"1.0\" encoding = \"UTF-8\"?>".utf8) + [0xE9]), 40)
         // Valid multi-byte UTF-8 is fine.
         XCTAssertNil(invalidUTF8(Array("Café ☕ 𝄞".utf8)))
     }

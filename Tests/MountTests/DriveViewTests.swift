@@ -23,7 +23,8 @@ final class DriveViewTests: MountTestCase {
         XCTAssertEqual(assertShell("cat \(shellQuote(docs("TestDrive") + "/hello.txt"))").stdout, "hello\n")
     }
 
-    /// Seed 000: what the app keeps in Documents is what the user sees in the container folder.
+    /// As in Apple's iCloud Drive: what the app keeps in Documents is what the user sees in the
+    /// container folder.
     func testContainerFolderIsTheContainersDocuments() throws {
         try mount(app: "com.example.TestDrive")
         let app = mountPoint + "/iCloud.com.example.TestDrive"

@@ -53,6 +53,13 @@ final class DurabilityTests: MountTestCase {
         for round in 1...20 {
             guard let pid = readDaemonPID(), isOurDaemon(pid) else { throw FixtureError("no daemon in round \(round)") }
             XCTAssertEqual(Posix.writeFile(dir + "/new-\(round).txt", "new file \(round)\n"), 0)
+            // As `cp -p` does: write, set the times, close.
+            let fd = Posix.open(dir + "/stamped.txt", O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+            XCTAssertGreaterThanOrEqual(fd, 0)
+            XCTAssertEqual(write(fd, "stamp \(round)\n", "stamp \(round)\n".utf8.count), "stamp \(round)\n".utf8.count)
+            var times = [timespec(tv_sec: 1_000_000_000 + round, tv_nsec: 0), timespec(tv_sec: 1_000_000_000 + round, tv_nsec: 0)]
+            XCTAssertEqual(futimens(fd, &times), 0)
+            close(fd)
             XCTAssertEqual(Posix.writeFile(dir + "/existing.txt", "version \(round)\n"), 0)
             kill(pid, SIGKILL)   // a few microseconds after the last close returned
             guard waitForExit(pid, seconds: 10) else { throw FixtureError("daemon \(pid) survived SIGKILL") }
@@ -64,7 +71,13 @@ final class DurabilityTests: MountTestCase {
                 XCTAssertEqual(Posix.readText(dir + "/new-\(earlier).txt"), "new file \(earlier)\n", "round \(round)")
             }
             XCTAssertEqual(Posix.readText(dir + "/existing.txt"), "version \(round)\n", "round \(round)")
+            XCTAssertEqual(Posix.readText(dir + "/stamped.txt"), "stamp \(round)\n", "round \(round)")
+            XCTAssertEqual(Posix.stat(dir + "/stamped.txt").map { Int($0.st_mtim.tv_sec) }, 1_000_000_000 + round,
+                           "round \(round): the time set before the close")
         }
+        // The kill came before the publish in at least some rounds (else this test proved nothing).
+        XCTAssertTrue(daemonLogTail(lines: 100_000).contains("closed before the daemon stopped"),
+                      "no round recovered a closed file")
     }
 
     func testFusermountUnmountStopsTheDaemon() throws {

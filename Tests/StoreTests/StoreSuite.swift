@@ -421,13 +421,14 @@ enum StoreSuite {
             try done.setBase(5, size: 0)
             try writeWork(done, [1, 2, 3], at: 0)
             try done.markDirty(0)
-            try done.setFinished(true)
+            try done.setFinished(mtime: 1_234_567_890_123)
             let undone = try work.create(ino: 2)
             try undone.setBase(nil, size: 0)
-            try undone.setFinished(true)
-            try undone.setFinished(false)
+            try writeWork(undone, [9], at: 0)
+            try undone.setFinished(mtime: 5)
+            try undone.setFinished(mtime: nil)
             let rebased = try work.create(ino: 3)
-            try rebased.setFinished(true)
+            try rebased.setFinished(mtime: 6)
             try rebased.setBase(8, size: 10)
         }
         let found = try f.open().work.leftovers().sorted { $0.ino < $1.ino }
@@ -437,7 +438,8 @@ enum StoreSuite {
         XCTAssertEqual(found.map(\.intact), [true, true, true], "the machine did not restart")
         XCTAssertEqual(found.map(\.base), [5, nil, 8])
         XCTAssertEqual(found[0].dirtyChunks, [0])
-        XCTAssertGreaterThan(found[0].modified, 0)
+        XCTAssertEqual(found[0].modified, 1_234_567_890_123, "the time recorded with the mark")
+        XCTAssertGreaterThan(found[1].modified, 0, "else when the data last changed")
         for w in found { w.file.remove() }
     }
 

@@ -92,8 +92,30 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(found.first?.dirtyChunks, [0])
         XCTAssertEqual(found.first?.finished, false)
         XCTAssertEqual(found.first?.intact, false)
-        XCTAssertNoThrow(try found.first?.file.setFinished(true), "an old map takes no mark, and says nothing")
+        XCTAssertNoThrow(try found.first?.file.setFinished(mtime: 1), "an old map takes no mark, and says nothing")
         XCTAssertEqual(try fixture.open().work.leftovers().first?.finished, false)
+    }
+
+    /// A working copy from another boot (the machine restarted: its unsynced bytes may be torn)
+    /// is not intact, even when marked finished.
+    func testWorkingCopyFromAnotherBootIsNotIntact() throws {
+        do {
+            let file = try fixture.open().work.create(ino: 5)
+            try file.setBase(nil, size: 0)
+            try writeWork(file, [1, 2, 3], at: 0)
+            try file.markDirty(0)
+            try file.setFinished(mtime: 42)
+        }
+        XCTAssertEqual(try fixture.open().work.leftovers().map(\.intact), [true], "same boot")
+        let map = fixture.directory + "/work/5.map"
+        let fd = open(map, O_WRONLY)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        XCTAssertEqual(pwrite(fd, [UInt8](repeating: 0x5A, count: 16), 16, 32), 16)   // another boot id
+        close(fd)
+        let found = try fixture.open().work.leftovers()
+        XCTAssertEqual(found.map(\.intact), [false])
+        XCTAssertEqual(found.map(\.finished), [true])
+        XCTAssertEqual(found.map(\.modified), [42])
     }
 
     /// Every file and folder of the store, with its permission bits.
