@@ -10,6 +10,8 @@ protocol StoreFixture: AnyObject {
     func open() throws -> BackingStore
     /// Change blob `ref`'s stored bytes behind the store's back.
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws
+    /// Another writer's connection to the same metadata (another daemon, later another device).
+    func secondWriter() throws -> any MetadataStore
 }
 
 final class EmbeddedFixture: StoreFixture {
@@ -22,6 +24,11 @@ final class EmbeddedFixture: StoreFixture {
     }
 
     func open() throws -> BackingStore { try openEmbeddedStore(directory: directory) }
+
+    func secondWriter() throws -> any MetadataStore {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        return try SQLiteMetadataStore(path: directory + "/metadata.sqlite3")
+    }
 
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
         let path = try XCTUnwrap(store.blobs as? LocalBlobStore).path(of: ref.blob)
@@ -42,6 +49,7 @@ final class MemoryFixture: StoreFixture {
     let store = makeMemoryStore()
     var isOnDisk: Bool { false }
     func open() throws -> BackingStore { store }
+    func secondWriter() throws -> any MetadataStore { store.metadata }
 
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
         var bytes = [UInt8](repeating: 0, count: Int(ref.length))
@@ -152,4 +160,13 @@ final class Counter: @unchecked Sendable {
     private var value = 0
     func add(_ n: Int = 1) { lock.lock(); value += n; lock.unlock() }
     var count: Int { lock.lock(); defer { lock.unlock() }; return value }
+}
+
+/// A value shared by threads of a test.
+final class LockedBox<T>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var stored: T
+    init(_ value: T) { stored = value }
+    var value: T { lock.lock(); defer { lock.unlock() }; return stored }
+    func update(_ body: (inout T) -> Void) { lock.lock(); body(&stored); lock.unlock() }
 }

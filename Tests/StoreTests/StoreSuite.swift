@@ -153,6 +153,123 @@ enum StoreSuite {
         XCTAssertEqual(s.maxVersion, 7)
     }
 
+    // MARK: Several writers
+
+    /// Ids reserved through two connections at once never overlap, and never include 1 (the mount
+    /// root) or an id already used.
+    static func reservedIdsNeverClash(_ f: StoreFixture) throws {
+        let a = try f.open().metadata
+        try a.commit([.putNode(Sample.node(7))], durable: false)
+        let b = try f.secondWriter()
+        let inodes = LockedBox<[ClosedRange<InodeNumber>]>([])
+        let versions = LockedBox<[ClosedRange<VersionID>]>([])
+        let failures = LockedBox<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 2) { i in
+            let m = i == 0 ? a : b
+            for n in 1...100 {
+                do {
+                    let r = try m.reserveInodes(n % 7 + 1)
+                    inodes.update { $0.append(r) }
+                    let v = try m.reserveVersions(n % 5 + 1)
+                    versions.update { $0.append(v) }
+                } catch { failures.update { $0.append("\(error)") } }
+            }
+        }
+        XCTAssertEqual(failures.value, [])
+        func disjoint<T: Comparable>(_ ranges: [ClosedRange<T>]) -> Bool {
+            let sorted = ranges.sorted { $0.lowerBound < $1.lowerBound }
+            return zip(sorted, sorted.dropFirst()).allSatisfy { $0.upperBound < $1.lowerBound }
+        }
+        XCTAssertEqual(inodes.value.count, 200)
+        XCTAssertTrue(disjoint(inodes.value), "inode reservations overlap")
+        XCTAssertTrue(disjoint(versions.value), "version reservations overlap")
+        XCTAssertGreaterThan(inodes.value.map(\.lowerBound).min() ?? 0, 7, "above every id already used")
+        XCTAssertGreaterThanOrEqual(versions.value.map(\.lowerBound).min() ?? 0, 1)
+        // A snapshot's high-water marks cover every reservation, through either connection.
+        let maxIno = inodes.value.map(\.upperBound).max() ?? 0
+        XCTAssertEqual(try b.load().maxIno, maxIno)
+        XCTAssertEqual(try a.load().maxVersion, versions.value.map(\.upperBound).max())
+    }
+
+    static func firstReservedInodeIsTwo(_ f: StoreFixture) throws {
+        XCTAssertEqual(try f.open().metadata.reserveInodes(3), 2...4, "1 is the mount root")
+    }
+
+    /// A batch whose expectation no longer holds fails whole, with `.conflict`, and changes nothing.
+    static func conflictingBatchFailsWhole(_ f: StoreFixture) throws {
+        let m = try f.open().metadata
+        let name = Array("a".utf8)
+        let first = try m.commit(Batch([.putNode(Sample.node(1, kind: .directory)), .putNode(Sample.node(2)),
+                                        .putDirent(DirentRecord(parent: 1, name: name, child: 2)),
+                                        .putContainer(Sample.containerRecord(root: 1))],
+                                       expecting: [.nameFree(parent: 1, name: name)], writer: "A"), durable: false)
+        let before = try m.load()
+        XCTAssertEqual(before.nodeChanges[2], first)
+        let bad: [Expectation] = [
+            .nameFree(parent: 1, name: name),
+            .nameIs(parent: 1, name: name, child: 3),
+            .nameIs(parent: 1, name: Array("b".utf8), child: 2),
+            .nodeAt(ino: 2, change: first - 1),
+            .nodeAt(ino: 9, change: 0),
+            .containerRoot(identifier: Sample.container, root: 5),
+            .containerRoot(identifier: "iCloud.other", root: 1),
+        ]
+        for e in bad {
+            XCTAssertThrowsError(try m.commit(Batch([.putNode(Sample.node(3)), .setMeta(key: "k", value: "v")],
+                                                    expecting: [.nodeAt(ino: 2, change: first), e]), durable: false),
+                                 "\(e)") { error in
+                XCTAssertEqual((error as? StoreError)?.kind, .conflict, "\(e): \(error)")
+            }
+        }
+        let after = try m.load()
+        XCTAssertEqual(after.nodes, before.nodes, "a failed batch applies nothing")
+        XCTAssertEqual(after.meta, before.meta)
+        XCTAssertEqual(after.seq, before.seq, "and logs nothing")
+        // The same batch with expectations that hold commits.
+        let good: [Expectation] = [.nameIs(parent: 1, name: name, child: 2), .nameFree(parent: 1, name: Array("b".utf8)),
+                                   .nodeAt(ino: 2, change: first), .containerRoot(identifier: Sample.container, root: 1),
+                                   .containerRoot(identifier: "iCloud.other", root: nil)]
+        let second = try m.commit(Batch([.putNode(Sample.node(2, size: 5))], expecting: good), durable: false)
+        XCTAssertEqual(second, first + 1)
+        XCTAssertEqual(try m.load().nodeChanges[2], second)
+        XCTAssertThrowsError(try m.commit(Batch([.putNode(Sample.node(2))], expecting: [.nodeAt(ino: 2, change: first)]),
+                                          durable: false), "the node moved on")
+    }
+
+    /// Every commit is one entry of the change log; a reader resumes from any position with no gap
+    /// and no duplicate, through another connection and after a reopen.
+    static func changeLogResumesWithNoGap(_ f: StoreFixture) throws {
+        var seqs: [ChangeSeq] = []
+        var batches: [[Mutation]] = []
+        do {
+            let a = try f.open().metadata
+            XCTAssertEqual(try a.load().seq, 0)
+            XCTAssertEqual(try a.changes(since: 0), [])
+            for i in 1...3 {
+                let batch: [Mutation] = [.putNode(Sample.node(InodeNumber(10 + i))), .setMeta(key: "i", value: "\(i)")]
+                seqs.append(try a.commit(Batch(batch, writer: "A"), durable: i == 2))
+                batches.append(batch)
+            }
+            XCTAssertEqual(try a.commit([], durable: true), seqs.last, "an empty batch logs nothing")
+            let b = try f.secondWriter()
+            let seen = try b.changes(since: 0)
+            XCTAssertEqual(seen.map(\.seq), seqs)
+            XCTAssertEqual(seen.map(\.mutations), batches)
+            XCTAssertEqual(seen.map(\.writer), ["A", "A", "A"])
+            XCTAssertEqual(zip(seqs, seqs.dropFirst()).map { $1 - $0 }, [1, 1], "dense and ordered")
+            let batch: [Mutation] = [.deleteNode(11), .putXattr(XattrRecord(ino: 12, name: Array("user.x".utf8), value: [0, 1]))]
+            seqs.append(try b.commit(Batch(batch, writer: "B"), durable: false))
+            batches.append(batch)
+            XCTAssertEqual(try a.changes(since: seqs[2]).map(\.seq), [seqs[3]])
+            XCTAssertEqual(try a.changes(since: seqs[2]).first?.mutations, batch)
+            XCTAssertEqual(try a.load().seq, seqs[3], "a snapshot says where the log continues")
+        }
+        let m = try f.open().metadata
+        XCTAssertEqual(try m.changes(since: seqs[1]).map(\.seq), Array(seqs[2...]))
+        XCTAssertEqual(try m.changes(since: seqs[3]), [])
+        XCTAssertEqual(try m.commit(Batch([.setMeta(key: "j", value: "1")]), durable: false), seqs[3] + 1)
+    }
+
     static func versionsAreListedOldestFirst(_ f: StoreFixture) throws {
         let m = try f.open().metadata
         try m.commit([.putVersion(Sample.version(30, ino: 1))], durable: false)

@@ -30,6 +30,10 @@ final class EmbeddedStoreTests: XCTestCase {
     func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
     func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
     func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testReservedIdsNeverClash() throws { try StoreSuite.reservedIdsNeverClash(fixture) }
+    func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
+    func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
+    func testChangeLogResumesWithNoGap() throws { try StoreSuite.changeLogResumesWithNoGap(fixture) }
     func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
@@ -94,6 +98,49 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(found.first?.intact, false)
         XCTAssertNoThrow(try found.first?.file.setFinished(mtime: 1), "an old map takes no mark, and says nothing")
         XCTAssertEqual(try fixture.open().work.leftovers().first?.finished, false)
+    }
+
+    /// A store made by the single-writer version (schema 1: no change log, no per-node change)
+    /// opens with a forward migration, keeping its data; a newer schema is refused clearly.
+    func testSchemaOneIsMigratedAndNewerIsRefused() throws {
+        try FileManager.default.createDirectory(atPath: fixture.directory, withIntermediateDirectories: true)
+        let db = fixture.directory + "/metadata.sqlite3"
+        let v1 = """
+            PRAGMA journal_mode=WAL;
+            CREATE TABLE store_meta(key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
+            CREATE TABLE meta(key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
+            CREATE TABLE nodes(ino INTEGER PRIMARY KEY, container TEXT NOT NULL, kind INTEGER NOT NULL,
+                mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL, nlink INTEGER NOT NULL,
+                size INTEGER NOT NULL, atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
+                btime INTEGER NOT NULL, rdev INTEGER NOT NULL, target BLOB NOT NULL, current_version INTEGER);
+            INSERT INTO store_meta VALUES('schema_version', 1), ('max_ino', 40), ('max_version', 0);
+            INSERT INTO nodes VALUES(40, 'iCloud.x', 1, 420, 0, 0, 1, 0, 1, 2, 3, 4, 0, x'', NULL);
+            """
+        let sqlite = Process()
+        sqlite.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        sqlite.arguments = [db, v1]
+        try sqlite.run()
+        sqlite.waitUntilExit()
+        XCTAssertEqual(sqlite.terminationStatus, 0)
+        do {
+            let m = try fixture.open().metadata
+            let s = try m.load()
+            XCTAssertEqual(s.nodes.map(\.ino), [40])
+            XCTAssertEqual(s.nodeChanges[40], 0)
+            XCTAssertEqual(s.seq, 0)
+            let seq = try m.commit(Batch([.putNode(Sample.node(41))], expecting: [.nodeAt(ino: 40, change: 0)]), durable: true)
+            XCTAssertEqual(seq, 1)
+            XCTAssertEqual(try m.reserveInodes(1), 42...42)
+        }
+        let later = Process()
+        later.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        later.arguments = [db, "UPDATE store_meta SET value = 99 WHERE key = 'schema_version'"]
+        try later.run()
+        later.waitUntilExit()
+        XCTAssertThrowsError(try fixture.open()) { error in
+            XCTAssertTrue("\(error)".contains("schema version 99, and this ubiquityfs knows versions 1 to 2: use a newer ubiquityfs"),
+                          "\(error)")
+        }
     }
 
     /// A working copy from another boot (the machine restarted: its unsynced bytes may be torn)
@@ -271,6 +318,10 @@ final class MemoryStoreTests: XCTestCase {
     func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
     func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
     func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testReservedIdsNeverClash() throws { try StoreSuite.reservedIdsNeverClash(fixture) }
+    func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
+    func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
+    func testChangeLogResumesWithNoGap() throws { try StoreSuite.changeLogResumesWithNoGap(fixture) }
     func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
