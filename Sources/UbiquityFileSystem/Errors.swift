@@ -11,9 +11,22 @@ public struct FSError: Error, CustomStringConvertible, Sendable, Equatable {
         self.errno = errno
         self.message = message
     }
+    /// The errno a caller gets for a store failure: the one place store errors become errnos.
     public init(_ error: StoreError) {
-        self.errno = error.errno
         self.message = error.message
+        switch error.kind {
+        case .conflict:
+            // Reaches a caller only when staging again kept conflicting (see `mutate`): no local
+            // race explains that, so not EEXIST or ENOENT. EAGAIN would invite blind retries.
+            errno = EIO
+        case .unavailable:
+            // A shared store out of reach. EIO, as NFS soft mounts answer; ENOTCONN or
+            // EHOSTUNREACH would read as the mount itself being gone.
+            errno = EIO
+        case .corrupt: errno = EIO
+        case .noSpace: errno = error.errno == EDQUOT ? EDQUOT : ENOSPC
+        case .notFound, .io: errno = error.errno   // the system's own answer (ENOENT, EFBIG, EINVAL, …)
+        }
     }
     /// Any error as an FSError: store errors keep their errno; anything else is EIO.
     public init(_ error: any Error) {

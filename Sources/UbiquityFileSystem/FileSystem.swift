@@ -37,6 +37,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     private let ns = RWLock()
     private let state: Namespace                      // guarded by ns
+    private let ids: IDPool                           // guarded by ns (write)
+    /// This daemon as a writer of the store's change log.
+    let writerID: String
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
     private var active: [String: ContainerInfo] = [:] // guarded by ns
 
@@ -67,6 +70,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         self.device = device
         self.log = log
         state = Namespace(snapshot: try snapshot ?? store.metadata.load())
+        ids = IDPool(store: store.metadata)
+        writerID = "\(device) pid \(getpid()) \(UInt32.random(in: 0...UInt32.max))"
         try register(containers)
         try removeOrphans()
         try verifyAfterUncleanStop()
@@ -89,12 +94,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 if let existing = s.base.containers[c.identifier], s.node(existing.rootIno) != nil {
                     rootIno = existing.rootIno
                 } else {
-                    rootIno = s.newIno()
+                    rootIno = try s.newIno()
                     s.put(newNode(ino: rootIno, container: c.identifier, kind: .directory, mode: 0o755,
                                   caller: Caller(uid: ownerUID, gid: ownerGID)))
                 }
                 if s.base.children[rootIno]?[documentsName] == nil {
-                    let docs = s.newIno()
+                    let docs = try s.newIno()
                     s.put(newNode(ino: docs, container: c.identifier, kind: .directory, mode: 0o755,
                                   caller: Caller(uid: ownerUID, gid: ownerGID)))
                     s.add(.putDirent(DirentRecord(parent: rootIno, name: documentsName, child: docs)))
@@ -195,7 +200,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             try doc.publish(durable: true) { chunks, size, _, _, durable in
                 try self.mutate(durable: durable) { s in
-                    let id = s.newVersion()
+                    let id = try s.newVersion()
                     s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
                                                     chunks: chunks, origin: .recovered, device: self.device)))
                     return id
@@ -208,22 +213,78 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     // MARK: - locking helpers
 
     /// Run `body` under the namespace write lock; commit what it staged; apply it to memory.
+    ///
+    /// Other writers share the store, so the batch carries what it read (`Namespace.expectations`).
+    /// If another writer changed any of that first, the commit fails with a conflict: the model
+    /// catches up from the change log and stages the operation again over the fresh state, where
+    /// it succeeds or fails as a local race would (`EEXIST`, `ENOENT`, `ENOTEMPTY`, …).
     @discardableResult
     private func mutate<T>(durable: Bool = false, _ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
-        let result = try ns.write {
-            var staging = Staging(state)
-            let result = try body(&staging)
-            if !staging.mutations.isEmpty {
-                garbage = try blobsFreed(by: staging)
-                do { try store.metadata.commit(staging.mutations, durable: durable) } catch { throw FSError(error) }
-                state.apply(staging.mutations)
-                for case .deleteNode(let ino) in staging.mutations { versionCounts[ino] = nil }
+        let result = try ns.write { () throws -> T in
+            var attempts = 0
+            while true {
+                var staging = Staging(state, ids: ids)
+                let result = try body(&staging)
+                if staging.mutations.isEmpty { return result }
+                let freed = try blobsFreed(by: staging)
+                let batch = Batch(staging.mutations, expecting: state.expectations(for: staging.mutations), writer: writerID)
+                let seq: ChangeSeq
+                do throws(StoreError) { seq = try store.metadata.commit(batch, durable: durable) } catch {
+                    guard error.kind == .conflict, attempts < Self.conflictRetries else { throw FSError(error) }
+                    attempts += 1
+                    try catchUpLocked()
+                    continue
+                }
+                if seq == state.seq + 1 {
+                    applyLocked(batch.mutations, seq: seq, remote: false)
+                } else {
+                    try catchUpLocked()   // others committed in between: apply theirs and ours in log order
+                }
+                garbage = freed
+                return result
             }
-            return result
         }
         free(garbage)
         return result
+    }
+
+    /// How often an operation is staged again after conflicts before it gives up (with `EIO`:
+    /// the store kept changing under it, which no local race explains).
+    static let conflictRetries = 16
+
+    /// Apply a committed batch to memory. `remote`: another writer's, so the version counts it
+    /// touches are no longer known (this writer's own are counted as it stages them). Caller
+    /// holds ns for writing.
+    private func applyLocked(_ mutations: [Mutation], seq: ChangeSeq, remote: Bool) {
+        state.apply(mutations, seq: seq)
+        for m in mutations {
+            switch m {
+            case .deleteNode(let ino): versionCounts[ino] = nil
+            case .putVersion(let v) where remote: versionCounts[v.ino] = nil
+            case .moveVersions(let from, let to) where remote: versionCounts[from] = nil; versionCounts[to] = nil
+            default: break
+            }
+        }
+    }
+
+    /// Apply every batch other writers committed since this namespace's position. Caller holds
+    /// ns for writing.
+    private func catchUpLocked() throws {
+        let records: [ChangeRecord]
+        do { records = try store.metadata.changes(since: state.seq) } catch { throw FSError(error) }
+        for r in records where r.seq > state.seq { applyLocked(r.mutations, seq: r.seq, remote: r.writer != writerID) }
+    }
+
+    /// Apply what other writers (another view, another device) committed since the last look.
+    /// The change feed calls this; returns how many batches were applied.
+    @discardableResult
+    public func catchUp() throws -> Int {
+        try ns.write {
+            let before = state.seq
+            try catchUpLocked()
+            return Int(state.seq - before)
+        }
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and
@@ -550,7 +611,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             var mode = mode & 0o7777
             var owner = caller
             if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid; mode |= UInt32(S_ISGID) }
-            let ino = s.newIno()
+            let ino = try s.newIno()
             let n = newNode(ino: ino, container: p.container, kind: .directory, mode: mode, caller: owner)
             s.put(n)
             s.add(.putDirent(DirentRecord(parent: p.ino, name: name, child: ino)))
@@ -583,7 +644,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if state.children[p.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
             var owner = caller
             if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid }
-            let ino = s.newIno()
+            let ino = try s.newIno()
             let n = newNode(ino: ino, container: p.container, kind: kind, mode: mode, caller: owner,
                             rdev: kind == .characterDevice || kind == .blockDevice ? rdev : 0, target: target)
             s.put(n)
@@ -1004,7 +1065,16 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try doc.publish(durable: durable) { chunks, size, mtime, ctime, durable in
             try self.mutate(durable: durable) { s in
                 guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
-                let id = s.newVersion()
+                let id = try s.newVersion()
+                if n.currentVersion != doc.baseVersion {
+                    // Another writer published this file since this edit began: never overwrite
+                    // that. This edit is kept as a version beside it, origin `conflict`.
+                    s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                                    chunks: chunks, origin: .conflict, device: self.device)))
+                    self.log("inode \(n.ino) was published elsewhere since this edit began; "
+                             + "the edit is kept as conflict version \(id)")
+                    return id
+                }
                 s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                                 chunks: chunks, origin: .published, device: self.device)))
                 try self.prune(&s, ino: n.ino, adding: chunks)

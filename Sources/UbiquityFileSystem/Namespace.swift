@@ -21,6 +21,10 @@ final class Namespace: @unchecked Sendable {
     var meta: [String: String] = [:]
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
+    /// The change log position this namespace reflects: every batch up to it is applied.
+    var seq: ChangeSeq = 0
+    /// The commit that last put each node, for the batch expectations (`Expectation.nodeAt`).
+    var nodeChanges: [InodeNumber: ChangeSeq] = [:]
     /// Versions put in the batch being applied, until a node takes one as current.
     private var pendingVersions: [VersionID: [ChunkRef]] = [:]
 
@@ -38,24 +42,30 @@ final class Namespace: @unchecked Sendable {
         meta = snapshot.meta
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
+        seq = snapshot.seq
+        nodeChanges = snapshot.nodeChanges
     }
 
-    func apply(_ batch: [Mutation]) {
-        for m in batch { apply(m) }
+    /// Apply the batch the store committed as `seq` (this writer's or another's, in log order).
+    func apply(_ batch: [Mutation], seq: ChangeSeq) {
+        for m in batch { apply(m, seq: seq) }
         pendingVersions.removeAll()
+        self.seq = max(self.seq, seq)
     }
 
-    private func apply(_ m: Mutation) {
+    private func apply(_ m: Mutation, seq: ChangeSeq) {
         switch m {
         case .putNode(let n):
             let old = nodes[n.ino]
             nodes[n.ino] = n
+            nodeChanges[n.ino] = seq
             maxIno = max(maxIno, n.ino)
             if n.kind == .directory, children[n.ino] == nil { children[n.ino] = [:] }
             if let v = n.currentVersion, v != old?.currentVersion, let c = pendingVersions[v] { chunks[n.ino] = c }
             if n.currentVersion == nil { chunks[n.ino] = nil }
         case .deleteNode(let ino):
             nodes[ino] = nil
+            nodeChanges[ino] = nil
             children[ino] = nil
             parent[ino] = nil
             xattrs[ino] = nil
@@ -90,7 +100,81 @@ extension Namespace {
     /// (a copy on write gives a table new storage). A native Dictionary is one pointer to it.
     var storageIdentity: [UInt] {
         func bits<K, V>(_ d: [K: V]) -> UInt { withUnsafeBytes(of: d) { $0.load(as: UInt.self) } }
-        return [bits(nodes), bits(children), bits(parent), bits(xattrs), bits(chunks)]
+        return [bits(nodes), bits(children), bits(parent), bits(xattrs), bits(chunks), bits(nodeChanges)]
+    }
+
+    /// What `batch` assumes of the store, read from this namespace (which it was staged over):
+    /// every node it changes is at the change this namespace last saw, every name it sets or
+    /// removes is as this namespace has it, every container it registers is as registered here.
+    /// New nodes need nothing: their ids are reserved by the store, so unique.
+    func expectations(for batch: [Mutation]) -> [Expectation] {
+        var out: [Expectation] = []
+        var seenNodes: Set<InodeNumber> = []
+        var seenNames: Set<[UInt8]> = []   // parent (8 bytes, little endian) + name
+        var seenContainers: Set<String> = []
+        func node(_ ino: InodeNumber) {
+            guard seenNodes.insert(ino).inserted, nodes[ino] != nil else { return }
+            out.append(.nodeAt(ino: ino, change: nodeChanges[ino] ?? 0))
+        }
+        func name(_ parent: InodeNumber, _ name: [UInt8]) {
+            var key = withUnsafeBytes(of: parent.littleEndian) { Array($0) }
+            key += name
+            guard seenNames.insert(key).inserted else { return }
+            if let child = children[parent]?[name] {
+                out.append(.nameIs(parent: parent, name: name, child: child))
+            } else {
+                out.append(.nameFree(parent: parent, name: name))
+            }
+        }
+        for m in batch {
+            switch m {
+            case .putNode(let n): node(n.ino)
+            case .deleteNode(let ino): node(ino)
+            case .putDirent(let d): name(d.parent, d.name)
+            case .deleteDirent(let parent, let n): name(parent, n)
+            case .putContainer(let c):
+                if seenContainers.insert(c.identifier).inserted {
+                    out.append(.containerRoot(identifier: c.identifier, root: containers[c.identifier]?.rootIno))
+                }
+            case .putXattr, .deleteXattr, .putVersion, .setMeta, .moveVersions, .deleteVersion:
+                break   // rows of a node whose change is expected, or the writer's own
+            }
+        }
+        return out
+    }
+}
+
+/// Inode and version ids reserved from the store in blocks, handed out one by one. Ids are never
+/// reused, so ids left in a block when the daemon stops are simply skipped. Guarded by the
+/// filesystem's namespace lock (used only while staging).
+final class IDPool: @unchecked Sendable {
+    private let store: any MetadataStore
+    private var inodes: ClosedRange<InodeNumber>?
+    private var nextInode: InodeNumber = 0
+    private var versions: ClosedRange<VersionID>?
+    private var nextVersionID: VersionID = 0
+    static let block = 256
+
+    init(store: any MetadataStore) { self.store = store }
+
+    func inode() throws(StoreError) -> InodeNumber {
+        if inodes == nil || nextInode > inodes!.upperBound {
+            let r = try store.reserveInodes(Self.block)
+            inodes = r
+            nextInode = r.lowerBound
+        }
+        defer { nextInode += 1 }
+        return nextInode
+    }
+
+    func version() throws(StoreError) -> VersionID {
+        if versions == nil || nextVersionID > versions!.upperBound {
+            let r = try store.reserveVersions(Self.block)
+            versions = r
+            nextVersionID = r.lowerBound
+        }
+        defer { nextVersionID += 1 }
+        return nextVersionID
     }
 }
 
@@ -102,14 +186,11 @@ struct Staging {
     /// Blobs of versions this batch prunes that no remaining version uses.
     var prunedBlobs: Set<BlobID> = []
     private var staged: [InodeNumber: NodeRecord] = [:]
-    private var nextIno: InodeNumber
-    private var nextVersion: VersionID
+    private let ids: IDPool
 
-    init(_ base: Namespace) {
+    init(_ base: Namespace, ids: IDPool) {
         self.base = base
-        // Inode 1 is the mount root (FUSE_ROOT_ID); store nodes start at 2.
-        nextIno = max(base.maxIno, 1) + 1
-        nextVersion = base.maxVersion + 1
+        self.ids = ids
     }
 
     func node(_ ino: InodeNumber) -> NodeRecord? { staged[ino] ?? base.nodes[ino] }
@@ -119,12 +200,10 @@ struct Staging {
         mutations.append(.putNode(n))
     }
     mutating func add(_ m: Mutation) { mutations.append(m) }
-    mutating func newIno() -> InodeNumber {
-        defer { nextIno += 1 }
-        return nextIno
+    func newIno() throws -> InodeNumber {
+        do { return try ids.inode() } catch { throw FSError(error) }
     }
-    mutating func newVersion() -> VersionID {
-        defer { nextVersion += 1 }
-        return nextVersion
+    func newVersion() throws -> VersionID {
+        do { return try ids.version() } catch { throw FSError(error) }
     }
 }

@@ -181,6 +181,9 @@ public enum VersionOrigin: String, Sendable, Codable {
     case published
     /// Rebuilt at start-up from a working copy a crashed daemon left unpublished.
     case recovered
+    /// Published on a base that was no longer current (another writer published first): kept
+    /// beside the current version, never over it.
+    case conflict
 }
 
 public struct VersionRecord: Sendable, Equatable, Codable {

@@ -1,0 +1,137 @@
+// Two models on one store, as two daemons (views, devices) will be: ids come from the store, a
+// batch states what it read, a conflict makes the model catch up from the change log and stage
+// again, and a publish on a stale base is kept as a conflict version, never over the other's.
+// (The change feed that calls `catchUp` by itself, and two mounts at once, come next.)
+
+import Foundation
+import XCTest
+import UbiquityFileSystem
+import UbiquityStore
+
+final class SeveralWritersTests: XCTestCase {
+    var store: BackingStore!
+    var one: UbiquityFileSystem!
+    var two: UbiquityFileSystem!
+
+    override func setUpWithError() throws {
+        store = makeMemoryStore()
+        one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
+        two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+    }
+
+    override func tearDown() {
+        one = nil
+        two = nil
+        store = nil
+    }
+
+    /// Every path under SugoiApp with kind, mode, owner, link count, size, content and xattrs.
+    private func tree(_ fs: UbiquityFileSystem) throws -> [String] {
+        var out: [String] = []
+        func walk(_ ino: UInt64, _ path: String) throws {
+            for name in try fs.names(ino) {
+                let attrs = try fs.lookup(parent: ino, name: b(name))
+                var line = "\(path)/\(name) \(attrs.kind) \(String(attrs.mode & 0o7777, radix: 8)) uid \(attrs.uid) "
+                    + "nlink \(attrs.nlink) size \(attrs.size)"
+                switch attrs.kind {
+                case .regular: line += " \(String(decoding: try fs.contents(attrs.ino), as: UTF8.self))"
+                case .symlink: line += " -> \(String(decoding: try fs.readlink(attrs.ino), as: UTF8.self))"
+                default: break
+                }
+                for x in try fs.listxattr(attrs.ino) {
+                    line += " \(String(decoding: x, as: UTF8.self))=\(String(decoding: try fs.getxattr(attrs.ino, name: x), as: UTF8.self))"
+                }
+                out.append(line)
+                if attrs.kind == .directory { try walk(attrs.ino, path + "/" + name) }
+            }
+        }
+        try walk(try fs.ino("SugoiApp"), "")
+        return out
+    }
+
+    func testEveryKindOfChangeOfOneWriterReachesTheOther() throws {
+        let docs = try one.ino("SugoiApp")
+        let d = try one.mkdir(parent: docs, name: b("Drafts"), mode: 0o750, caller: alice).ino
+        let f = try one.makeFile(d, "report.txt", b("first draft"))
+        try one.writeFile(f, b("FIRST"))
+        try one.rename(parent: d, name: b("report.txt"), newParent: docs, newName: b("Report.txt"), flags: [])
+        _ = try one.setattr(f, AttributeChanges(mode: 0o600), handle: nil, caller: owner)
+        try one.setxattr(f, name: b("user.tag"), value: b("blue"), flags: 0)
+        _ = try one.symlink(parent: docs, name: b("latest"), target: b("Report.txt"), caller: owner)
+        _ = try one.link(f, newParent: d, newName: b("hard.txt"))
+        try one.makeFile(docs, "gone.txt", b("x"))
+        try one.unlink(parent: docs, name: b("gone.txt"))
+
+        XCTAssertNotEqual(try tree(two), try tree(one), "two has not looked yet")
+        XCTAssertGreaterThan(try two.catchUp(), 0)
+        XCTAssertEqual(try tree(two), try tree(one))
+        XCTAssertEqual(try two.catchUp(), 0, "nothing new")
+        // And back.
+        try two.writeFile(f, b("from b"))
+        try two.unlink(parent: try two.ino("SugoiApp/Drafts"), name: b("hard.txt"))
+        try one.catchUp()
+        XCTAssertEqual(try tree(one), try tree(two))
+        assertBytes(try one.contents("SugoiApp/Report.txt"), b("from bdraft"), "written over from offset 0")
+    }
+
+    func testTheSameNameMadeByBothGetsEEXISTOnTheSecond() throws {
+        let docs = try one.ino("SugoiApp")
+        let mine = try one.makeFile(docs, "x.txt", b("from a"))
+        // b has not seen it: its create conflicts, it catches up, and the name is taken.
+        assertErrno(EEXIST, try two.create(parent: docs, name: b("x.txt"), mode: 0o644, flags: O_RDWR, caller: owner),
+                    "create of a name the other writer just made")
+        assertBytes(try two.contents("SugoiApp/x.txt"), b("from a"))
+        XCTAssertEqual(try two.ino("SugoiApp/x.txt"), mine)
+        _ = try one.mkdir(parent: docs, name: b("dir"), mode: 0o755, caller: owner)
+        assertErrno(EEXIST, try two.mkdir(parent: docs, name: b("dir"), mode: 0o755, caller: owner), "mkdir")
+    }
+
+    func testRacesGiveTheErrnoOfALocalRace() throws {
+        let docs = try one.ino("SugoiApp")
+        let dir = try one.mkdir(parent: docs, name: b("dir"), mode: 0o755, caller: owner).ino
+        try one.makeFile(docs, "f.txt", b("f"))
+        XCTAssertGreaterThan(try two.catchUp(), 0)
+        // a fills the folder and removes the file; b, not looking, tries the opposite.
+        try one.makeFile(dir, "inside.txt", b("i"))
+        try one.unlink(parent: docs, name: b("f.txt"))
+        assertErrno(ENOTEMPTY, try two.rmdir(parent: docs, name: b("dir")), "rmdir of a folder the other filled")
+        assertErrno(ENOENT, try two.rename(parent: docs, name: b("f.txt"), newParent: docs, newName: b("g.txt"), flags: []),
+                    "rename of a file the other removed")
+        assertErrno(ENOENT, try two.unlink(parent: docs, name: b("f.txt")), "unlink of a file the other removed")
+        XCTAssertEqual(try tree(two), try tree(one))
+    }
+
+    func testInterleavedCreatesByBothAllLandWithDistinctInodes() throws {
+        let docs = try one.ino("SugoiApp")
+        var inos: Set<UInt64> = []
+        for i in 0..<50 {
+            inos.insert(try one.makeFile(docs, "a\(i)", b("a")))
+            inos.insert(try two.makeFile(docs, "b\(i)", b("b")))   // conflicts on the folder, stages again
+        }
+        XCTAssertEqual(inos.count, 100, "no inode handed out twice")
+        try one.catchUp()
+        XCTAssertEqual(try one.names(docs).count, 100)
+        XCTAssertEqual(try tree(one), try tree(two))
+        XCTAssertEqual(try one.getattr(docs).nlink, 2)
+    }
+
+    func testPublishOnAStaleBaseIsKeptAsAConflictVersion() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)            // b starts editing v1
+        try one.writeFile(f, b("v2 from a"))               // a publishes v2
+        try two.put(hb, b("v2 from b"), at: 0)
+        try two.release(handle: hb)                        // b's publish finds v1 no longer current
+        assertBytes(try one.contents(f), b("v2 from a"), "the other edit stays current")
+        let versions = try store.metadata.versions(of: f)
+        XCTAssertEqual(versions.map(\.origin), [.published, .published, .conflict])
+        XCTAssertEqual(versions.map(\.device), ["A", "A", "B"])
+        let conflict = try XCTUnwrap(versions.last)
+        var bytes = [UInt8](repeating: 0, count: Int(conflict.size))
+        _ = try bytes.withUnsafeMutableBytes { try store.blobs.read(conflict.chunks[0].blob, at: 0, into: $0) }
+        XCTAssertEqual(bytes, b("v2 from b"), "b's edit is kept, not lost")
+        try two.catchUp()
+        assertBytes(try two.contents(f), b("v2 from a"))
+    }
+}
