@@ -213,6 +213,7 @@ final class IdlePublisher: @unchecked Sendable {
     private let fs: UbiquityFileSystem
     private let condition = NSCondition()
     private var stopping = false   // guarded by condition
+    private var finished = false   // guarded by condition
     private var thread: Thread?
 
     init(fs: UbiquityFileSystem) { self.fs = fs }
@@ -224,19 +225,26 @@ final class IdlePublisher: @unchecked Sendable {
                 if !stopping { _ = condition.wait(until: Date().addingTimeInterval(1)) }
                 let stop = stopping
                 condition.unlock()
-                if stop { return }
+                if stop { break }
                 fs.publishIdle()
             }
+            condition.lock()
+            finished = true
+            condition.broadcast()
+            condition.unlock()
         }
         t.name = "idle-publisher"
         thread = t
         t.start()
     }
 
+    /// Stop, and wait until a publish in progress has finished: the daemon's own stop publishes
+    /// everything and then records a clean stop, after which nothing may be published.
     func stop() {
         condition.lock()
         stopping = true
-        condition.signal()
+        condition.broadcast()
+        while thread != nil && !finished { condition.wait() }
         condition.unlock()
     }
 }
@@ -331,8 +339,8 @@ let containersCommand = Subcommand(
         var previous: [ContainerRecord] = []
         let db = storeDir + "/metadata.sqlite3"
         if FileManager.default.fileExists(atPath: db) {
-            // Read-only look at the registry; works while a daemon has the store mounted.
-            previous = try SQLiteMetadataStore(path: db).load().containers
+            // A read-only look at the registry: changes nothing, and works while a daemon serves it.
+            previous = try SQLiteMetadataStore(readOnlyPath: db).containers()
         }
         let (result, diagnostics, manifests) = registrationsAndManifests(
             apps: apps, previous: previous, applyChanges: p.flags.contains("--apply-manifest-changes"))

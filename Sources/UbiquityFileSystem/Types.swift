@@ -154,18 +154,33 @@ final class Lock: @unchecked Sendable {
 
 /// A readers-writer lock (pthread_rwlock: no spinning). Readers: lookups, getattr, readdir.
 /// Writers: every namespace change, held across the metadata commit (see FileSystem.swift).
+/// The lock lives in memory of its own (a pthread lock must not move, and `&` on a stored
+/// property does not promise a stable address), prefers writers (glibc's default lets a stream
+/// of readers starve a writer), and every pthread call is checked: a failure is a bug.
 final class RWLock: @unchecked Sendable {
-    private var rw = pthread_rwlock_t()
-    init() { pthread_rwlock_init(&rw, nil) }
-    deinit { pthread_rwlock_destroy(&rw) }
+    private let rw: UnsafeMutablePointer<pthread_rwlock_t>
+    init() {
+        rw = .allocate(capacity: 1)
+        rw.initialize(to: pthread_rwlock_t())
+        var attr = pthread_rwlockattr_t()
+        precondition(pthread_rwlockattr_init(&attr) == 0)
+        precondition(pthread_rwlockattr_setkind_np(&attr, Int32(PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP)) == 0)
+        precondition(pthread_rwlock_init(rw, &attr) == 0)
+        pthread_rwlockattr_destroy(&attr)
+    }
+    deinit {
+        precondition(pthread_rwlock_destroy(rw) == 0)
+        rw.deinitialize(count: 1)
+        rw.deallocate()
+    }
     @inline(__always) func read<T>(_ body: () throws -> T) rethrows -> T {
-        pthread_rwlock_rdlock(&rw)
-        defer { pthread_rwlock_unlock(&rw) }
+        precondition(pthread_rwlock_rdlock(rw) == 0)
+        defer { precondition(pthread_rwlock_unlock(rw) == 0) }
         return try body()
     }
     @inline(__always) func write<T>(_ body: () throws -> T) rethrows -> T {
-        pthread_rwlock_wrlock(&rw)
-        defer { pthread_rwlock_unlock(&rw) }
+        precondition(pthread_rwlock_wrlock(rw) == 0)
+        defer { precondition(pthread_rwlock_unlock(rw) == 0) }
         return try body()
     }
 }

@@ -157,6 +157,33 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         try self.init(path: path, storeLock: nil)
     }
 
+    /// Opens an existing database only to read it (for commands that change nothing, such as
+    /// `containers`): no schema set-up, no migration, no write lock; a commit fails.
+    public init(readOnlyPath path: String) throws(StoreError) {
+        var handle: OpaquePointer?
+        let rc = sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nil)
+        guard rc == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            if let handle { sqlite3_close_v2(handle) }
+            throw StoreError(errno: errnoForSQLite(rc), "open \(path) to read: \(message)")
+        }
+        sqlite3_busy_timeout(handle, 5000)
+        do throws(StoreError) {
+            let version = try Self.scalarInt(handle, "SELECT value FROM store_meta WHERE key='schema_version'", path: path) ?? -1
+            if version > schemaVersion || version < 1 {
+                throw StoreError(.corrupt, "\(path): the store has schema version \(version), and this ubiquityfs "
+                                 + "knows versions 1 to \(schemaVersion): use a newer ubiquityfs")
+            }
+        } catch {
+            sqlite3_close_v2(handle)
+            throw error
+        }
+        db = handle
+        self.path = path
+        folder = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
+        storeLock = nil
+    }
+
     init(path: String, storeLock: StoreLock?) throws(StoreError) {
         // Create the database 0600 ourselves: SQLite would make it 0644 (less the umask), and it
         // gives its -wal and -shm files the database's mode.
@@ -392,15 +419,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try run("SELECT ino, name, value FROM xattrs", row: { r in
                     s.xattrs.append(XattrRecord(ino: r.uint(0), name: r.blob(1), value: r.blob(2)))
                 })
-                try run("""
-                    SELECT identifier, bundle_identifier, name, is_public, folder_levels,
-                           registered_version, manifest_path, root_ino FROM containers ORDER BY identifier
-                    """, row: { r in
-                    s.containers.append(ContainerRecord(
-                        identifier: r.text(0), bundleIdentifier: r.text(1), name: r.text(2),
-                        isPublic: r.int(3) != 0, folderLevels: r.text(4), registeredVersion: r.text(5),
-                        manifestPath: r.text(6), rootIno: r.uint(7)))
-                })
+                s.containers = try readContainers()
                 try run("""
                     SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks
                     FROM versions v JOIN nodes n ON n.current_version = v.id ORDER BY v.id
@@ -559,6 +578,26 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 throw error
             }
         }
+    }
+
+    /// The container registry (every schema version has it). Call with `mutex` held.
+    private func readContainers() throws(StoreError) -> [ContainerRecord] {
+        var out: [ContainerRecord] = []
+        try run("""
+            SELECT identifier, bundle_identifier, name, is_public, folder_levels,
+                   registered_version, manifest_path, root_ino FROM containers ORDER BY identifier
+            """, row: { r in
+            out.append(ContainerRecord(
+                identifier: r.text(0), bundleIdentifier: r.text(1), name: r.text(2),
+                isPublic: r.int(3) != 0, folderLevels: r.text(4), registeredVersion: r.text(5),
+                manifestPath: r.text(6), rootIno: r.uint(7)))
+        })
+        return out
+    }
+
+    /// The registered containers alone, for `ubiquityfs containers`.
+    public func containers() throws(StoreError) -> [ContainerRecord] {
+        try mutex.withLock { () throws(StoreError) -> [ContainerRecord] in try readContainers() }
     }
 
     /// (max_ino, max_version) from `store_meta`; call inside a transaction.

@@ -143,6 +143,22 @@ final class EmbeddedStoreTests: XCTestCase {
         }
     }
 
+    /// Read-only commands look without writing: no schema set-up, and a commit fails.
+    func testReadOnlyConnectionReadsAndWritesNothing() throws {
+        do {
+            let m = try fixture.open().metadata
+            try m.commit([.putContainer(Sample.containerRecord(root: 2)), .putNode(Sample.node(2))], durable: true)
+            let reader = try SQLiteMetadataStore(readOnlyPath: fixture.directory + "/metadata.sqlite3")
+            XCTAssertEqual(try reader.containers().map(\.rootIno), [2], "while the writer has it open")
+            XCTAssertEqual(try reader.load().nodes.map(\.ino), [2])
+            XCTAssertThrowsError(try reader.commit([.putNode(Sample.node(3))], durable: false))
+        }
+        XCTAssertEqual(try fixture.open().metadata.load().nodes.map(\.ino), [2])
+        XCTAssertThrowsError(try SQLiteMetadataStore(readOnlyPath: fixture.directory + "/missing.sqlite3"),
+                             "a read-only look creates nothing")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: fixture.directory + "/missing.sqlite3"))
+    }
+
     /// A working copy from another boot (the machine restarted: its unsynced bytes may be torn)
     /// is not intact, even when marked finished.
     func testWorkingCopyFromAnotherBootIsNotIntact() throws {
