@@ -208,6 +208,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             log("recovered the unpublished working copy of inode \(node.ino) as a version (the current version is unchanged)")
         }
+        store.work.recoveryFinished()
     }
 
     // MARK: - locking helpers

@@ -370,8 +370,11 @@ public struct RecoveredWork: Sendable {
 public protocol WorkArea: AnyObject, Sendable {
     /// Create (replacing any previous) the working copy of `ino`, empty, of logical size 0.
     func create(ino: InodeNumber) throws(StoreError) -> any WorkFile
-    /// Working copies left by a previous run.
+    /// Working copies left by writers that are gone (a previous run of this daemon, another
+    /// daemon that died), never a live writer's.
     func leftovers() throws(StoreError) -> [RecoveredWork]
+    /// The leftovers have been dealt with (each published or removed): forget where they were.
+    func recoveryFinished()
 }
 
 public extension MetadataStore {

@@ -214,6 +214,8 @@ public final class FaultInjectingWorkArea: WorkArea, Sendable {
         return FaultInjectingWorkFile(try wrapped.create(ino: ino), plan: plan)
     }
 
+    public func recoveryFinished() { wrapped.recoveryFinished() }
+
     public func leftovers() throws(StoreError) -> [RecoveredWork] {
         try plan.check(.workLeftovers)
         return try wrapped.leftovers().map { work in

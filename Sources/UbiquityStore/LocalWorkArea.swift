@@ -84,32 +84,72 @@ let currentBootID: [UInt8]? = {
     return out.allSatisfy({ $0 == 0 }) ? nil : out
 }()
 
-public final class LocalWorkArea: WorkArea, Sendable {
+/// The working copies of one daemon: `<directory>/work/d-<random>/`, with a `lock` file it
+/// holds an `flock` on for its lifetime. Several daemons share a store, each in its own folder:
+/// a folder whose lock can be taken belongs to a daemon that is gone, and the next one to start
+/// recovers it (`leftovers()`), then removes it (`recoveryFinished()`). Pairs directly in `work/`
+/// are from the single-writer layout, and are recovered too.
+public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     /// `<directory>/work`.
+    public let rootPath: String
+    /// This daemon's own folder, `<directory>/work/d-<random>`.
     public let workPath: String
+    private let ownLock: Int32
     private let storeLock: StoreLock?
+    // `mutex` guards `adopted`: the folders of gone daemons being recovered, with their locks.
+    private let mutex = StoreMutex()
+    private var adopted: [(path: String, lock: Int32)] = []
 
-    /// Opens (creating if missing) `<directory>/work`.
+    /// Opens (creating if missing) `<directory>/work` and a folder of this daemon's own in it.
     public convenience init(directory: String) throws(StoreError) {
         try self.init(directory: directory, storeLock: nil)
     }
 
     init(directory: String, storeLock: StoreLock?) throws(StoreError) {
         try makeDirectories(directory)
-        let workPath = directory + "/work"
-        if try makeDirectory(workPath) {
-            try fsyncDirectory(workPath)
+        let rootPath = directory + "/work"
+        if try makeDirectory(rootPath) {
+            try fsyncDirectory(rootPath)
             try fsyncDirectory(directory)
         }
-        self.workPath = workPath
+        var own = ""
+        var fd: Int32 = -1
+        for _ in 0..<8 where fd < 0 {
+            own = rootPath + "/d-" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
+            guard try makeDirectory(own) else { continue }   // taken: draw again
+            fd = try Self.lockFolder(own)
+        }
+        guard fd >= 0 else { throw StoreError(errno: EEXIST, "create a working-copy folder in \(rootPath)") }
+        try fsyncDirectory(rootPath)
+        self.rootPath = rootPath
+        self.workPath = own
+        self.ownLock = fd
         self.storeLock = storeLock
     }
 
-    private func dataPath(_ ino: InodeNumber) -> String { "\(workPath)/\(ino).data" }
-    private func mapPath(_ ino: InodeNumber) -> String { "\(workPath)/\(ino).map" }
+    deinit {
+        close(ownLock)
+        for a in adopted { close(a.lock) }
+    }
+
+    /// Create `folder/lock` and hold an exclusive flock on it.
+    private static func lockFolder(_ folder: String) throws(StoreError) -> Int32 {
+        let path = folder + "/lock"
+        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        if fd < 0 { throw systemError("create", path, errno) }
+        if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) != 0 {
+            let code = errno
+            close(fd)
+            throw systemError("flock", path, code)
+        }
+        return fd
+    }
+
+    private static func dataPath(_ folder: String, _ ino: InodeNumber) -> String { "\(folder)/\(ino).data" }
+    private static func mapPath(_ folder: String, _ ino: InodeNumber) -> String { "\(folder)/\(ino).map" }
 
     public func create(ino: InodeNumber) throws(StoreError) -> any WorkFile {
-        let data = dataPath(ino), map = mapPath(ino)
+        let data = Self.dataPath(workPath, ino), map = Self.mapPath(workPath, ino)
         // Unlink first, so the new pair are new files: a WorkFile still open on the old ones
         // keeps its own (and its remove() won't touch the new ones).
         _ = retryEINTR { unlink(data) }
@@ -134,45 +174,105 @@ public final class LocalWorkArea: WorkArea, Sendable {
         return file
     }
 
+    /// The working copies of daemons that are gone: pairs directly in `work/` (the old layout),
+    /// and those in every `d-*` folder whose lock this daemon can take (it keeps the lock until
+    /// `recoveryFinished()`, so no other daemon recovers them too). A live daemon's folder is
+    /// left alone.
     public func leftovers() throws(StoreError) -> [RecoveredWork] {
+        var result = try scan(rootPath)
+        let names: [String]
+        do { names = try FileManager.default.contentsOfDirectory(atPath: rootPath) } catch {
+            throw StoreError(errno: EIO, "list \(rootPath): \(error)")
+        }
+        for name in names.sorted() where name.hasPrefix("d-") {
+            let folder = rootPath + "/" + name
+            guard folder != workPath else { continue }
+            if mutex.withLock({ adopted.contains { $0.path == folder } }) {
+                result += try scan(folder)   // already taken by an earlier call
+                continue
+            }
+            var st = stat()
+            guard lstat(folder, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { continue }
+            let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC) }
+            if fd < 0 {
+                // A folder without its lock: a daemon that died while making it, or one making
+                // it right now; only an old one is taken.
+                guard Int64(st.st_mtim.tv_sec) < Int64(time(nil)) - 60 else { continue }
+                result += try scan(folder)
+                mutex.withLock { adopted.append((folder, -1)) }
+                continue
+            }
+            guard retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 else {
+                close(fd)   // its daemon is alive
+                continue
+            }
+            mutex.withLock { adopted.append((folder, fd)) }
+            result += try scan(folder)
+        }
+        return result
+    }
+
+    /// This daemon's own working copies (for tests and checks; recovery never takes them).
+    func ownCopies() throws(StoreError) -> [RecoveredWork] { try scan(workPath) }
+
+    /// Remove the folders of gone daemons once their working copies are recovered.
+    public func recoveryFinished() {
+        let folders = mutex.withLock { () -> [(path: String, lock: Int32)] in
+            defer { adopted = [] }
+            return adopted
+        }
+        for (folder, lock) in folders {
+            if let names = try? FileManager.default.contentsOfDirectory(atPath: folder) {
+                for name in names where name == "lock" || name.hasSuffix(".data") || name.hasSuffix(".map") {
+                    _ = retryEINTR { unlink(folder + "/" + name) }
+                }
+            }
+            _ = retryEINTR { rmdir(folder) }
+            if lock >= 0 { close(lock) }
+        }
+        if !folders.isEmpty { try? fsyncDirectory(rootPath) }
+    }
+
+    /// Every valid pair in `folder`; malformed or unpaired files are removed.
+    private func scan(_ folder: String) throws(StoreError) -> [RecoveredWork] {
         let names: [String]
         do {
-            names = try FileManager.default.contentsOfDirectory(atPath: workPath)
+            names = try FileManager.default.contentsOfDirectory(atPath: folder)
         } catch {
-            throw StoreError(errno: EIO, "list \(workPath): \(error)")
+            throw StoreError(errno: EIO, "list \(folder): \(error)")
         }
         var datas = Set<InodeNumber>(), maps = Set<InodeNumber>()
         for name in names {
-            let path = workPath + "/" + name
+            let path = folder + "/" + name
             var st = stat()
             guard lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { continue }
             if name.hasSuffix(".data"), let ino = InodeNumber(name.dropLast(5)), "\(ino).data" == name {
                 datas.insert(ino)
             } else if name.hasSuffix(".map"), let ino = InodeNumber(name.dropLast(4)), "\(ino).map" == name {
                 maps.insert(ino)
-            } else {
+            } else if name != "lock" {
                 _ = retryEINTR { unlink(path) }  // not ours
             }
         }
         for ino in datas.symmetricDifference(maps) {  // half a pair: useless
-            _ = retryEINTR { unlink(dataPath(ino)) }
-            _ = retryEINTR { unlink(mapPath(ino)) }
+            _ = retryEINTR { unlink(Self.dataPath(folder, ino)) }
+            _ = retryEINTR { unlink(Self.mapPath(folder, ino)) }
         }
         var result: [RecoveredWork] = []
         for ino in datas.intersection(maps).sorted() {
-            if let work = recover(ino) {
+            if let work = recover(ino, in: folder) {
                 result.append(work)
             } else {
-                _ = retryEINTR { unlink(dataPath(ino)) }
-                _ = retryEINTR { unlink(mapPath(ino)) }
+                _ = retryEINTR { unlink(Self.dataPath(folder, ino)) }
+                _ = retryEINTR { unlink(Self.mapPath(folder, ino)) }
             }
         }
         return result
     }
 
     /// Opens a leftover pair; nil when malformed.
-    private func recover(_ ino: InodeNumber) -> RecoveredWork? {
-        let data = dataPath(ino), map = mapPath(ino)
+    private func recover(_ ino: InodeNumber, in folder: String) -> RecoveredWork? {
+        let data = Self.dataPath(folder, ino), map = Self.mapPath(folder, ino)
         let dataFD = retryEINTR { open(data, O_RDWR | O_CLOEXEC) }
         guard dataFD >= 0 else { return nil }
         let mapFD = retryEINTR { open(map, O_RDWR | O_CLOEXEC) }
@@ -194,7 +294,7 @@ public final class LocalWorkArea: WorkArea, Sendable {
             dirty.append(i)
         }
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
-                                 workPath: workPath, dirty: Set(dirty), newlyCreated: false, base: header.base,
+                                 workPath: folder, dirty: Set(dirty), newlyCreated: false, base: header.base,
                                  chunksAt: header.chunksAt)
         let intact = currentBootID != nil && header.boot == currentBootID
         let modified = header.finished ? header.finishedMtime
@@ -206,6 +306,8 @@ public final class LocalWorkArea: WorkArea, Sendable {
 
 public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     public let ino: InodeNumber
+    /// Where its map is (for tests).
+    var mapFilePath: String { mapPath }
     private let dataFD: Int32
     private let mapFD: Int32
     private let dataPath: String

@@ -311,6 +311,8 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
         }
     }
 
+    public func recoveryFinished() {}
+
     fileprivate func removeFile(_ file: MemoryWorkFile) {
         mutex.withLock { if files[file.ino] === file { files[file.ino] = nil } }
     }

@@ -170,3 +170,9 @@ final class LockedBox<T>: @unchecked Sendable {
     var value: T { lock.lock(); defer { lock.unlock() }; return stored }
     func update(_ body: (inout T) -> Void) { lock.lock(); body(&stored); lock.unlock() }
 }
+
+/// The working copies a live work area holds (not leftovers: those are a gone writer's).
+func workingCopies(_ work: any WorkArea) throws -> [RecoveredWork] {
+    if let local = work as? LocalWorkArea { return try local.ownCopies() }
+    return try work.leftovers()
+}

@@ -481,12 +481,12 @@ enum StoreSuite {
         assertStoreError(EINVAL) { try file.markDirty(-1) }
         assertStoreError(EINVAL) { try file.truncate(to: -1) }
 
-        let recovered = try work.leftovers().first { $0.ino == 42 }
+        let recovered = try workingCopies(work).first { $0.ino == 42 }
         XCTAssertEqual(recovered?.base, 7)
         XCTAssertEqual(recovered?.size, UInt64(3 * chunkSize))
         XCTAssertEqual(recovered?.dirtyChunks, [0, 1])
         file.remove()
-        XCTAssertTrue(try work.leftovers().isEmpty)
+        XCTAssertTrue(try workingCopies(work).isEmpty)
     }
 
     static func leftoversAfterCrash(_ f: StoreFixture) throws {
@@ -568,15 +568,15 @@ enum StoreSuite {
         try old.setBase(3, size: 3)
         let new = try work.create(ino: 8)
         XCTAssertEqual(try readWork(new, at: 0, count: 10), [])
-        let left = try work.leftovers()
+        let left = try workingCopies(work)
         XCTAssertEqual(left.count, 1)
         XCTAssertNil(left.first?.base)
         XCTAssertEqual(left.first?.dirtyChunks, [])
         XCTAssertEqual(left.first?.size, 0)
         old.remove()  // must not remove the new working copy
-        XCTAssertEqual(try work.leftovers().map(\.ino), [8])
+        XCTAssertEqual(try workingCopies(work).map(\.ino), [8])
         new.remove()
-        XCTAssertTrue(try work.leftovers().isEmpty)
+        XCTAssertTrue(try workingCopies(work).isEmpty)
     }
 
     // MARK: Fault plan
@@ -626,11 +626,17 @@ enum StoreSuite {
         plan.fail(.workLeftovers, errno: EIO)
         assertStoreError(EIO) { try store.work.leftovers() }
         plan.clearAll()
-        let left = try store.work.leftovers()
-        XCTAssertEqual(left.map(\.ino), [1])
-        XCTAssertTrue(left.first?.file is FaultInjectingWorkFile)
-        plan.fail(.workRead, errno: EIO)
-        assertStoreError(EIO) { try readWork(left[0].file, at: 0, count: 1) }
+        if f.isOnDisk {
+            // A live daemon's own working copies are never leftovers (crash recovery of the
+            // embedded store's is in leftoversAfterCrash); the memory store shows the wrapping.
+            XCTAssertEqual(try store.work.leftovers().map(\.ino), [])
+        } else {
+            let left = try store.work.leftovers()
+            XCTAssertEqual(left.map(\.ino), [1])
+            XCTAssertTrue(left.first?.file is FaultInjectingWorkFile)
+            plan.fail(.workRead, errno: EIO)
+            assertStoreError(EIO) { try readWork(left[0].file, at: 0, count: 1) }
+        }
         plan.clearAll()
         file.remove()
         XCTAssertTrue(try store.work.leftovers().isEmpty)

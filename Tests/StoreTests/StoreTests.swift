@@ -73,11 +73,14 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertTrue(fm.fileExists(atPath: expected))
         XCTAssertEqual(try fm.contentsOfDirectory(atPath: nested + "/blobs/.tmp"), [])
         let file = try store.work.create(ino: 77)
-        XCTAssertTrue(fm.fileExists(atPath: nested + "/work/77.data"))
-        XCTAssertTrue(fm.fileExists(atPath: nested + "/work/77.map"))
+        let own = try XCTUnwrap(store.work as? LocalWorkArea).workPath
+        XCTAssertTrue(own.hasPrefix(nested + "/work/d-"), own)
+        XCTAssertTrue(fm.fileExists(atPath: own + "/lock"))
+        XCTAssertTrue(fm.fileExists(atPath: own + "/77.data"))
+        XCTAssertTrue(fm.fileExists(atPath: own + "/77.map"))
         file.remove()
-        XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.data"))
-        XCTAssertFalse(fm.fileExists(atPath: nested + "/work/77.map"))
+        XCTAssertFalse(fm.fileExists(atPath: own + "/77.data"))
+        XCTAssertFalse(fm.fileExists(atPath: own + "/77.map"))
     }
 
     /// A working copy left by a daemon from before the finished mark (32-byte "UBQWMAP1" map) is
@@ -169,8 +172,9 @@ final class EmbeddedStoreTests: XCTestCase {
             try file.markDirty(0)
             try file.setFinished(mtime: 42)
         }
-        XCTAssertEqual(try fixture.open().work.leftovers().map(\.intact), [true], "same boot")
-        let map = fixture.directory + "/work/5.map"
+        let leftover = try XCTUnwrap(try fixture.open().work.leftovers().first)
+        XCTAssertTrue(leftover.intact, "same boot")
+        let map = try XCTUnwrap((leftover.file as? LocalWorkFile)?.mapFilePath)
         let fd = open(map, O_WRONLY)
         XCTAssertGreaterThanOrEqual(fd, 0)
         XCTAssertEqual(pwrite(fd, [UInt8](repeating: 0x5A, count: 16), 16, 32), 16)   // another boot id
@@ -207,7 +211,7 @@ final class EmbeddedStoreTests: XCTestCase {
             let found = try modes(under: root)
             XCTAssertNotNil(found["metadata.sqlite3-wal"], "the WAL exists while the store is open")
             XCTAssertNotNil(found["metadata.sqlite3-shm"])
-            XCTAssertNotNil(found["work/9.map"])
+            XCTAssertTrue(found.keys.contains { $0.hasPrefix("work/d-") && $0.hasSuffix("/9.map") }, "\(found.keys)")
             for (path, mode) in found {
                 var st = stat()
                 XCTAssertEqual(lstat(root + "/" + path, &st), 0, path)
@@ -247,10 +251,33 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertGreaterThan(blobs.cachedFDCount, 0)
     }
 
+    /// Several daemons on one store: a live one's working copies are never another's leftovers;
+    /// once it is gone, exactly one other daemon takes them.
+    func testALiveDaemonsWorkingCopiesAreNotLeftovers() throws {
+        var first: LocalWorkArea? = try LocalWorkArea(directory: fixture.directory)
+        let copy = try first!.create(ino: 12)
+        try copy.setBase(nil, size: 0)
+        try writeWork(copy, [1, 2], at: 0)
+        try copy.markDirty(0)
+        let second = try LocalWorkArea(directory: fixture.directory)
+        XCTAssertNotEqual(second.workPath, first!.workPath)
+        XCTAssertEqual(try second.leftovers().map(\.ino), [], "its daemon is alive")
+        first = nil   // the daemon dies (its lock goes with it)
+        _ = copy
+        XCTAssertEqual(try second.leftovers().map(\.ino), [12])
+        let third = try LocalWorkArea(directory: fixture.directory)
+        XCTAssertEqual(try third.leftovers().map(\.ino), [], "taken by the second already")
+        second.recoveryFinished()
+        XCTAssertEqual(try third.leftovers().map(\.ino), [], "and gone once it is done")
+        let folders = try FileManager.default.contentsOfDirectory(atPath: fixture.directory + "/work")
+        XCTAssertEqual(Set(folders), Set([second.workPath, third.workPath].map { ($0 as NSString).lastPathComponent }))
+    }
+
     func testMalformedLeftoversAreRemoved() throws {
-        let work = fixture.directory + "/work"
+        var work = ""
         do {
             let area = try LocalWorkArea(directory: fixture.directory)
+            work = area.workPath
             let good = try area.create(ino: 5)
             try good.setBase(3, size: 10)
             try good.markDirty(0)
@@ -265,12 +292,16 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertTrue(fm.createFile(atPath: work + "/junk.tmp", contents: Data([1])))
         XCTAssertTrue(fm.createFile(atPath: work + "/007.data", contents: Data()))
 
-        let found = try LocalWorkArea(directory: fixture.directory).leftovers()
+        let area = try LocalWorkArea(directory: fixture.directory)
+        let found = try area.leftovers()
         XCTAssertEqual(found.map(\.ino), [5])
         XCTAssertEqual(found.first?.base, 3)
         XCTAssertEqual(found.first?.size, 10)
         XCTAssertEqual(found.first?.dirtyChunks, [0])
-        XCTAssertEqual(try fm.contentsOfDirectory(atPath: work).sorted(), ["5.data", "5.map"])
+        XCTAssertEqual(try fm.contentsOfDirectory(atPath: work).sorted(), ["5.data", "5.map", "lock"])
+        found.first?.file.remove()
+        area.recoveryFinished()
+        XCTAssertFalse(fm.fileExists(atPath: work), "a gone daemon's folder is removed once recovered")
     }
 
     func testStandalonePartsAndReopen() throws {
