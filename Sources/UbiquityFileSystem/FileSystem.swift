@@ -84,6 +84,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     static let syncedKey = "synced-version"
     private let syncLock = Lock()
     private var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
+    private var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
 
     // MARK: - registration and recovery
 
@@ -154,17 +155,25 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Delete blobs no version refers to (deleted files, failed publishes). Runs at start-up,
-    /// before any publish can be in flight.
-    private func collectGarbage() throws {
+    /// Delete blobs no version refers to (deleted files, failed publishes) that were written
+    /// more than `garbageGrace` ago: a younger one may be another writer's, written for a commit
+    /// it has not made yet. Runs at start-up and every hour.
+    func collectGarbage() throws {
+        let cutoff = nowNanoseconds() - Self.garbageGrace
+        let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
+        guard !candidates.isEmpty else { return }
+        // Listed first, then the references: a blob committed in between is in the references.
         let referenced = try store.metadata.referencedBlobs()
         var freed = 0
-        for blob in try store.blobs.allBlobs() where !referenced.contains(blob) {
+        for blob in candidates where !referenced.contains(blob) {
             try store.blobs.delete(blob)
             freed += 1
         }
         if freed > 0 { log("freed \(freed) unreferenced content chunks") }
     }
+
+    /// How old an unreferenced blob must be before garbage collection deletes it.
+    static let garbageGrace: Int64 = 10 * 60 * 1_000_000_000
 
     /// Make everything published so far durable and record it, so that verification after a
     /// power cut only checks what came later.
@@ -307,8 +316,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// Delete blob files after the commit that unreferenced them (a crash in between leaves
-    /// garbage that start-up collects, never a reference to a missing blob).
+    /// garbage that start-up collects, never a reference to a missing blob). While another
+    /// daemon runs on the store it may still be reading them (a file it has open that was
+    /// deleted here), so they are left to the garbage collection's grace period instead.
     private func free(_ blobs: Set<BlobID>) {
+        guard !blobs.isEmpty, !store.work.otherWritersAlive() else { return }
         for blob in blobs {
             do { try store.blobs.delete(blob) } catch { log("freeing content chunk \(blob) failed: \(error)") }
         }
@@ -1136,6 +1148,15 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         let unsynced = ns.read { String(state.maxVersion) != (state.meta[Self.syncedKey] ?? "0") }
         if due && unsynced {
             do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
+        }
+        // Every hour, garbage that other writers left to the grace period.
+        let collect = syncLock.withLock { () -> Bool in
+            guard now &- lastCollection >= 3_600_000_000_000 else { return false }
+            lastCollection = now
+            return true
+        }
+        if collect {
+            do { try collectGarbage() } catch { log("garbage collection failed: \(error)") }
         }
     }
 

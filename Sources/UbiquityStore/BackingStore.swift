@@ -317,8 +317,14 @@ public protocol BlobStore: AnyObject, Sendable {
     func delete(_ blob: BlobID) throws(StoreError)
     /// Recompute a blob's checksum, for recovery and `check`.
     func verify(_ ref: ChunkRef) -> Bool
-    /// Every blob stored (for garbage collection).
-    func allBlobs() throws(StoreError) -> [BlobID]
+    /// Every blob stored, or (with a cutoff) every blob written before that time, in
+    /// nanoseconds since the epoch: garbage collection leaves younger blobs alone, since another
+    /// writer may have written them for a commit it has not made yet.
+    func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID]
+}
+
+public extension BlobStore {
+    func allBlobs() throws(StoreError) -> [BlobID] { try allBlobs(writtenBefore: nil) }
 }
 
 /// A mutable working copy. Byte offsets are file offsets; chunk `i` of the document is at
@@ -370,6 +376,8 @@ public struct RecoveredWork: Sendable {
 public protocol WorkArea: AnyObject, Sendable {
     /// Create (replacing any previous) the working copy of `ino`, empty, of logical size 0.
     func create(ino: InodeNumber) throws(StoreError) -> any WorkFile
+    /// Whether another writer (another daemon on this store) is running now.
+    func otherWritersAlive() -> Bool
     /// Working copies left by writers that are gone (a previous run of this daemon, another
     /// daemon that died), never a live writer's.
     func leftovers() throws(StoreError) -> [RecoveredWork]

@@ -195,8 +195,8 @@ public final class FaultInjectingBlobStore: BlobStore, Sendable {
         return wrapped.verify(ref)
     }
 
-    public func allBlobs() throws(StoreError) -> [BlobID] {
-        try wrapped.allBlobs()
+    public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
+        try wrapped.allBlobs(writtenBefore: cutoff)
     }
 }
 
@@ -215,6 +215,7 @@ public final class FaultInjectingWorkArea: WorkArea, Sendable {
     }
 
     public func recoveryFinished() { wrapped.recoveryFinished() }
+    public func otherWritersAlive() -> Bool { wrapped.otherWritersAlive() }
 
     public func leftovers() throws(StoreError) -> [RecoveredWork] {
         try plan.check(.workLeftovers)

@@ -207,7 +207,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         }
     }
 
-    public func allBlobs() throws(StoreError) -> [BlobID] {
+    public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
         var result: [BlobID] = []
         let fm = FileManager.default
         guard let folders = try? fm.contentsOfDirectory(atPath: blobsPath) else {
@@ -215,7 +215,13 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         }
         for folder in folders where folder.count == 2 {
             for name in (try? fm.contentsOfDirectory(atPath: blobsPath + "/" + folder)) ?? [] {
-                if name.count == 16, let id = UInt64(name, radix: 16), id != 0 { result.append(id) }
+                guard name.count == 16, let id = UInt64(name, radix: 16), id != 0 else { continue }
+                if let cutoff {
+                    var st = stat()
+                    guard lstat(blobsPath + "/" + folder + "/" + name, &st) == 0,
+                          Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec) < cutoff else { continue }
+                }
+                result.append(id)
             }
         }
         return result

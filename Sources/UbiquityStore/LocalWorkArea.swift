@@ -212,6 +212,23 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         return result
     }
 
+    /// Whether another daemon holds its folder's lock now.
+    public func otherWritersAlive() -> Bool {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: rootPath) else { return false }
+        let taken = mutex.withLock { Set(adopted.map(\.path)) }
+        for name in names where name.hasPrefix("d-") {
+            let folder = rootPath + "/" + name
+            guard folder != workPath, !taken.contains(folder) else { continue }
+            let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC) }
+            guard fd >= 0 else { continue }
+            defer { close(fd) }
+            // Probe with a shared lock: fails only while its daemon holds the exclusive one.
+            if retryEINTR({ flock(fd, LOCK_SH | LOCK_NB) }) != 0 { return true }
+            _ = flock(fd, LOCK_UN)
+        }
+        return false
+    }
+
     /// This daemon's own working copies (for tests and checks; recovery never takes them).
     func ownCopies() throws(StoreError) -> [RecoveredWork] { try scan(workPath) }
 

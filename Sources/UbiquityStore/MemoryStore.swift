@@ -203,6 +203,7 @@ public final class MemoryBlobStore: BlobStore, @unchecked Sendable {
     // `mutex` guards `blobs` and `unsynced` (blobs written non-durably since the last syncAll).
     private let mutex = StoreMutex()
     private var blobs: [BlobID: [UInt8]] = [:]
+    private var written: [BlobID: Int64] = [:]
     private var unsynced: Set<BlobID> = []
 
     public init() {}
@@ -234,6 +235,9 @@ public final class MemoryBlobStore: BlobStore, @unchecked Sendable {
             var id: BlobID = 0
             while id == 0 || blobs[id] != nil { id = generator.next() }
             blobs[id] = content
+            var ts = timespec()
+            clock_gettime(CLOCK_REALTIME, &ts)
+            written[id] = Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
             if !durable { unsynced.insert(id) }
             return ChunkRef(blob: id, length: UInt32(content.count), checksum: checksum)
         }
@@ -266,8 +270,13 @@ public final class MemoryBlobStore: BlobStore, @unchecked Sendable {
         }
     }
 
-    public func allBlobs() throws(StoreError) -> [BlobID] {
-        mutex.withLock { Array(blobs.keys) }
+    public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
+        mutex.withLock { Array(blobs.keys.filter { cutoff == nil || written[$0, default: 0] < cutoff! }) }
+    }
+
+    /// Make a blob look written `nanoseconds` earlier (to test garbage collection's grace).
+    public func backdate(_ blob: BlobID, by nanoseconds: Int64) {
+        mutex.withLock { written[blob, default: 0] -= nanoseconds }
     }
 
     public func verify(_ ref: ChunkRef) -> Bool {
@@ -312,6 +321,8 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
     }
 
     public func recoveryFinished() {}
+    /// One memory work area is one writer; a second model on the store in a test has its own.
+    public func otherWritersAlive() -> Bool { false }
 
     fileprivate func removeFile(_ file: MemoryWorkFile) {
         mutex.withLock { if files[file.ino] === file { files[file.ino] = nil } }

@@ -134,4 +134,16 @@ final class SeveralWritersTests: XCTestCase {
         try two.catchUp()
         assertBytes(try two.contents(f), b("v2 from a"))
     }
+
+    /// Start-up garbage collection deletes only unreferenced blobs older than the grace period:
+    /// a young one may be another writer's, written for a commit it has not made yet.
+    func testGarbageCollectionLeavesYoungBlobsAlone() throws {
+        let blobs = store.blobs as! MemoryBlobStore
+        let young = try writeBlob(store.blobs, b("another writer's, not committed yet"))
+        let old = try writeBlob(store.blobs, b("a failed publish's, long ago"))
+        blobs.backdate(old.blob, by: 11 * 60 * 1_000_000_000)
+        _ = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+        XCTAssertTrue(blobs.blobIDs.contains(young.blob))
+        XCTAssertFalse(blobs.blobIDs.contains(old.blob))
+    }
 }

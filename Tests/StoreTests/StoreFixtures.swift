@@ -176,3 +176,10 @@ func workingCopies(_ work: any WorkArea) throws -> [RecoveredWork] {
     if let local = work as? LocalWorkArea { return try local.ownCopies() }
     return try work.leftovers()
 }
+
+/// Now, in nanoseconds since the epoch.
+func nowForTests() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+}

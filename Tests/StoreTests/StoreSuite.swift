@@ -560,6 +560,17 @@ enum StoreSuite {
         for w in found { w.file.remove() }
     }
 
+    /// Garbage collection's view: blobs written before a time, so that younger ones (another
+    /// writer's, not committed yet) are left alone.
+    static func blobsListedByAge(_ f: StoreFixture) throws {
+        let store = try f.open()
+        let before = nowForTests()
+        let ref = try writeBlob(store.blobs, [1, 2, 3])
+        XCTAssertTrue(try store.blobs.allBlobs().contains(ref.blob))
+        XCTAssertFalse(try store.blobs.allBlobs(writtenBefore: before - 1_000_000_000).contains(ref.blob), "too young")
+        XCTAssertTrue(try store.blobs.allBlobs(writtenBefore: nowForTests() + 1_000_000_000).contains(ref.blob))
+    }
+
     static func createReplacesAndStaleRemoveIsHarmless(_ f: StoreFixture) throws {
         let work = try f.open().work
         let old = try work.create(ino: 8)

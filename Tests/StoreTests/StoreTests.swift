@@ -30,6 +30,7 @@ final class EmbeddedStoreTests: XCTestCase {
     func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
     func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
     func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testBlobsListedByAge() throws { try StoreSuite.blobsListedByAge(fixture) }
     func testReservedIdsNeverClash() throws { try StoreSuite.reservedIdsNeverClash(fixture) }
     func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
     func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
@@ -262,10 +263,14 @@ final class EmbeddedStoreTests: XCTestCase {
         let second = try LocalWorkArea(directory: fixture.directory)
         XCTAssertNotEqual(second.workPath, first!.workPath)
         XCTAssertEqual(try second.leftovers().map(\.ino), [], "its daemon is alive")
+        XCTAssertTrue(second.otherWritersAlive())
+        XCTAssertTrue(first!.otherWritersAlive())
         first = nil   // the daemon dies (its lock goes with it)
+        XCTAssertFalse(second.otherWritersAlive())
         _ = copy
         XCTAssertEqual(try second.leftovers().map(\.ino), [12])
         let third = try LocalWorkArea(directory: fixture.directory)
+        XCTAssertTrue(second.otherWritersAlive(), "the third runs")
         XCTAssertEqual(try third.leftovers().map(\.ino), [], "taken by the second already")
         second.recoveryFinished()
         XCTAssertEqual(try third.leftovers().map(\.ino), [], "and gone once it is done")
@@ -365,6 +370,7 @@ final class MemoryStoreTests: XCTestCase {
     func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture) }
     func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
     func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testBlobsListedByAge() throws { try StoreSuite.blobsListedByAge(fixture) }
     func testReservedIdsNeverClash() throws { try StoreSuite.reservedIdsNeverClash(fixture) }
     func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
     func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
