@@ -39,7 +39,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private let state: Namespace                      // guarded by ns
     private let ids: IDPool                           // guarded by ns (write)
     /// This daemon as a writer of the store's change log.
-    let writerID: String
+    public let writerID: String
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
     private var active: [String: ContainerInfo] = [:] // guarded by ns
 
@@ -77,11 +77,21 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try verifyAfterUncleanStop()
         try recoverWorkingCopies()
         try collectGarbage()
-        try mutate { s in s.add(.setMeta(key: Self.runningKey, value: "1")) }
+        try mutate { s in s.add(.setMeta(key: runningKey, value: store.work.bootID)) }
+        syncedThrough = state.seq
     }
 
-    static let runningKey = "running"
-    static let syncedKey = "synced-version"
+    /// `running/<writer>` = the boot it runs in, from start to clean stop. A key of another boot
+    /// means the machine stopped under a writer (a power cut, a crash of the system).
+    var runningKey: String { Self.runningPrefix + writerID }
+    static let runningPrefix = "running/"
+    /// Every commit up to this change-log position has its content on disk.
+    static let syncedKey = "synced-seq"
+    /// The single-writer version's keys: `running` = "1" and `synced-version` (a version id).
+    static let legacyRunningKey = "running"
+    static let legacySyncedKey = "synced-version"
+    /// This writer's last sync commit: nothing new to sync while the log is not past it.
+    private var syncedThrough: ChangeSeq = 0   // guarded by syncLock
     private let syncLock = Lock()
     private var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
     private var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
@@ -132,13 +142,25 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// the last full sync are checked against their checksums; a file whose current version is
     /// damaged goes back to its newest whole version. Nothing is checked after a clean stop.
     private func verifyAfterUncleanStop() throws {
-        let (running, synced, nodes) = ns.read {
-            (state.meta[Self.runningKey] == "1", VersionID(state.meta[Self.syncedKey] ?? "0") ?? 0,
-             state.nodes.values.filter { $0.kind == .regular && ($0.currentVersion ?? 0) > 0 })
+        let boot = store.work.bootID
+        let (stale, legacy, synced, legacySynced, nodes) = ns.read {
+            (state.meta.filter { $0.key.hasPrefix(Self.runningPrefix) && $0.value != boot }.map(\.key),
+             state.meta[Self.legacyRunningKey] == "1",
+             ChangeSeq(state.meta[Self.syncedKey] ?? "0") ?? 0,
+             VersionID(state.meta[Self.legacySyncedKey] ?? "0") ?? 0,
+             state.nodes.values.filter { $0.kind == .regular && ($0.currentVersion ?? 0) > 0 }
+                .map { ($0, state.nodeChanges[$0.ino] ?? 0) })
         }
-        guard running else { return }
-        for n in nodes {
-            guard let current = n.currentVersion, current > synced else { continue }
+        guard !stale.isEmpty || legacy else { return }
+        defer {
+            // Verified: the writers that stopped with the machine are gone.
+            try? mutate { s in
+                for key in stale { s.add(.deleteMeta(key: key)) }
+                if legacy { s.add(.deleteMeta(key: Self.legacyRunningKey)) }
+            }
+        }
+        for (n, change) in nodes {
+            guard let current = n.currentVersion, change > synced || (legacy && current > legacySynced) else { continue }
             let chunks = ns.read { state.chunks[n.ino] ?? [] }
             if chunks.allSatisfy({ store.blobs.verify($0) }) { continue }
             let older = try store.metadata.versions(of: n.ino).filter { $0.id < current }.reversed()
@@ -178,10 +200,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Make everything published so far durable and record it, so that verification after a
     /// power cut only checks what came later.
     private func syncPublished() throws {
-        let upTo = ns.read { state.maxVersion }
+        let upTo = ns.read { state.seq }
         try store.blobs.syncAll()
         try mutate(durable: true) { s in s.add(.setMeta(key: Self.syncedKey, value: String(upTo))) }
-        syncLock.withLock { lastSync = monotonicNanoseconds() }
+        let after = ns.read { state.seq }
+        syncLock.withLock {
+            lastSync = monotonicNanoseconds()
+            syncedThrough = after
+        }
     }
 
     /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
@@ -1145,7 +1171,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
         // Every 30 s, one syncfs makes all versions published since durable.
         let due = syncLock.withLock { now &- lastSync >= 30_000_000_000 }
-        let unsynced = ns.read { String(state.maxVersion) != (state.meta[Self.syncedKey] ?? "0") }
+        let through = syncLock.withLock { syncedThrough }
+        let unsynced = ns.read { state.seq > through }
         if due && unsynced {
             do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
         }
@@ -1182,7 +1209,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func stop() -> [FSError] {
         var failures = publishAll()
         if failures.isEmpty {
-            do { try mutate(durable: true) { s in s.add(.setMeta(key: Self.runningKey, value: "0")) } }
+            do { try mutate(durable: true) { s in s.add(.deleteMeta(key: runningKey)) } }
             catch { failures.append(FSError(EIO, "recording the clean stop failed: \(error)")) }
         }
         return failures

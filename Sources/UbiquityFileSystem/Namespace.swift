@@ -91,6 +91,8 @@ final class Namespace: @unchecked Sendable {
             break   // only older versions move; current chunk lists are unchanged
         case .setMeta(let key, let value):
             meta[key] = value
+        case .deleteMeta(let key):
+            meta[key] = nil
         }
     }
 }
@@ -136,7 +138,7 @@ extension Namespace {
                 if seenContainers.insert(c.identifier).inserted {
                     out.append(.containerRoot(identifier: c.identifier, root: containers[c.identifier]?.rootIno))
                 }
-            case .putXattr, .deleteXattr, .putVersion, .setMeta, .moveVersions, .deleteVersion:
+            case .putXattr, .deleteXattr, .putVersion, .setMeta, .deleteMeta, .moveVersions, .deleteVersion:
                 break   // rows of a node whose change is expected, or the writer's own
             }
         }

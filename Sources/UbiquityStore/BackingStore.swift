@@ -237,6 +237,7 @@ public enum Mutation: Sendable, Equatable, Codable {
     case putVersion(VersionRecord)
     case putContainer(ContainerRecord)
     case setMeta(key: String, value: String)
+    case deleteMeta(key: String)
     /// Give every version of `from` to `to` (a file replaced by rename keeps its history with
     /// the file that replaced it, as an editor's atomic save expects).
     case moveVersions(from: InodeNumber, to: InodeNumber)
@@ -376,6 +377,10 @@ public struct RecoveredWork: Sendable {
 public protocol WorkArea: AnyObject, Sendable {
     /// Create (replacing any previous) the working copy of `ino`, empty, of logical size 0.
     func create(ino: InodeNumber) throws(StoreError) -> any WorkFile
+    /// Which boot of the machine this is (its kernel boot id): recorded by each writer while it
+    /// runs, so that the next start can tell a writer's crash (same boot: the page cache kept
+    /// every write) from a power cut or restart (another boot: unsynced writes may be lost).
+    var bootID: String { get }
     /// Whether another writer (another daemon on this store) is running now.
     func otherWritersAlive() -> Bool
     /// Working copies left by writers that are gone (a previous run of this daemon, another

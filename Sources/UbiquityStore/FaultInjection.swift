@@ -216,6 +216,7 @@ public final class FaultInjectingWorkArea: WorkArea, Sendable {
 
     public func recoveryFinished() { wrapped.recoveryFinished() }
     public func otherWritersAlive() -> Bool { wrapped.otherWritersAlive() }
+    public var bootID: String { wrapped.bootID }
 
     public func leftovers() throws(StoreError) -> [RecoveredWork] {
         try plan.check(.workLeftovers)

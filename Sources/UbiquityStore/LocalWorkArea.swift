@@ -71,6 +71,11 @@ enum WorkMap {
     }
 }
 
+/// This boot's id as text; when the kernel does not say, one of this process's own, so that
+/// every start counts as after a restart (the safe side).
+let bootIDText: String = currentBootID.map { $0.map { String(format: "%02x", $0) }.joined() }
+    ?? "unknown-\(UInt64.random(in: 0...UInt64.max))"
+
 /// This boot's id as 16 bytes, or nil when the kernel does not say.
 let currentBootID: [UInt8]? = {
     guard let text = try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8) else { return nil }
@@ -211,6 +216,8 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         return result
     }
+
+    public var bootID: String { bootIDText }
 
     /// Whether another daemon holds its folder's lock now.
     public func otherWritersAlive() -> Bool {

@@ -136,6 +136,8 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
                     for (id, v) in s.versions where v.ino == from { s.versions[id]!.ino = to }
                 case .setMeta(let key, let value):
                     s.meta[key] = value
+                case .deleteMeta(let key):
+                    s.meta[key] = nil
                 }
             }
             s.seq = seq
@@ -302,6 +304,7 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
     public func simulatePowerCut() {
         mutex.withLock {
             for (ino, file) in files where !file.revertToSynced() { files[ino] = nil }
+            boot = UUID().uuidString
         }
     }
 
@@ -321,6 +324,9 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
     }
 
     public func recoveryFinished() {}
+    /// A new one after each simulated power cut, as after a real restart.
+    public var bootID: String { mutex.withLock { boot } }
+    private var boot = UUID().uuidString   // guarded by mutex
     /// One memory work area is one writer; a second model on the store in a test has its own.
     public func otherWritersAlive() -> Bool { false }
 

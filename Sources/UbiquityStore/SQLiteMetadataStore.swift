@@ -703,6 +703,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.uint(1, from)
                 try b.uint(2, to)
             }
+        case .deleteMeta(let key):
+            try run("DELETE FROM meta WHERE key = ?1") { b throws(StoreError) in try b.text(1, key) }
         case .setMeta(let key, let value):
             try run("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)") { b throws(StoreError) in
                 try b.text(1, key)

@@ -146,4 +146,27 @@ final class SeveralWritersTests: XCTestCase {
         XCTAssertTrue(blobs.blobIDs.contains(young.blob))
         XCTAssertFalse(blobs.blobIDs.contains(old.blob))
     }
+
+    /// One writer stops cleanly while the other still runs; then the machine loses power. The
+    /// next start must still check what the other published without a sync (its running mark is
+    /// of the boot that ended), and fall back where content did not reach the disk.
+    func testAPowerCutIsCaughtAfterAnotherWriterStoppedCleanly() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        XCTAssertTrue(one.stop().isEmpty)          // clean, synced
+        try two.catchUp()
+        try two.writeFile(f, b("v2"))              // published, content not synced
+        try two.fsyncDirectory()                   // the metadata is durable, the content is not
+        try XCTUnwrap(store.metadata as? MemoryMetadataStore).simulatePowerCut()
+        try XCTUnwrap(store.blobs as? MemoryBlobStore).simulatePowerCut()
+        try XCTUnwrap(store.work as? MemoryWorkArea).simulatePowerCut()
+        one = nil
+        two = nil
+        let messages = LogBox()
+        let after = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, log: { messages.append($0) })
+        assertBytes(try after.contents(f), b("v1"), "back to the last whole version")
+        XCTAssertTrue(messages.lines.contains { $0.contains("did not reach the disk") }, "\(messages.lines)")
+        XCTAssertFalse(try store.metadata.load().meta.keys.contains { $0.hasPrefix("running/") && !$0.hasSuffix(after.writerID) },
+                       "the writers of the ended boot are forgotten")
+    }
 }
