@@ -198,12 +198,18 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
 
     let publisher = IdlePublisher(fs: fs)
     publisher.start()
+    let feed = ChangeFeed(fs: fs, session: session, log: log)
+    feed.start()
     let signal = session.run()
+    feed.stop()
     publisher.stop()
     log(signal == 0 ? "unmounted; publishing pending work" : "signal \(signal); publishing pending work and unmounting")
     let failures = fs.stop()
     session.close()
-    try? FileManager.default.removeItem(atPath: pidFile)
+    // Another daemon on the store may have written its pid since: remove only our own.
+    if (try? String(contentsOfFile: pidFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) == String(getpid()) {
+        try? FileManager.default.removeItem(atPath: pidFile)
+    }
     log(failures.isEmpty ? "stopped cleanly" : "stopped; \(failures.count) working copies kept for recovery")
     return failures.isEmpty ? ExitCode.success : ExitCode.failure
 }
@@ -245,6 +251,65 @@ final class IdlePublisher: @unchecked Sendable {
         stopping = true
         condition.broadcast()
         while thread != nil && !finished { condition.wait() }
+        condition.unlock()
+    }
+}
+
+/// Applies other writers' changes from the store's change log a few times a second and tells the
+/// kernel to drop what it cached of them, from a thread of its own.
+final class ChangeFeed: @unchecked Sendable {
+    private let fs: UbiquityFileSystem
+    private let session: FuseSession
+    private let log: @Sendable (String) -> Void
+    private let condition = NSCondition()
+    private var stopping = false   // guarded by condition
+    private var finished = false   // guarded by condition
+    private var started = false    // guarded by condition
+    static let interval: TimeInterval = 0.1
+
+    init(fs: UbiquityFileSystem, session: FuseSession, log: @escaping @Sendable (String) -> Void) {
+        self.fs = fs
+        self.session = session
+        self.log = log
+    }
+
+    func start() {
+        let t = Thread { [self] in
+            var failing = false
+            while true {
+                condition.lock()
+                if !stopping { _ = condition.wait(until: Date().addingTimeInterval(Self.interval)) }
+                let stop = stopping
+                condition.unlock()
+                if stop { break }
+                do {
+                    let changes = try fs.catchUp()
+                    if !changes.isEmpty { session.invalidate(changes) }
+                    if failing { log("change feed: reading the store's change log works again") }
+                    failing = false
+                } catch {
+                    if !failing { log("change feed: cannot read the store's change log: \(error)") }
+                    failing = true
+                }
+            }
+            condition.lock()
+            finished = true
+            condition.broadcast()
+            condition.unlock()
+        }
+        t.name = "change-feed"
+        condition.lock()
+        started = true
+        condition.unlock()
+        t.start()
+    }
+
+    /// Stop and wait for the thread: the session it notifies is freed next.
+    func stop() {
+        condition.lock()
+        stopping = true
+        condition.broadcast()
+        while started && !finished { condition.wait() }
         condition.unlock()
     }
 }

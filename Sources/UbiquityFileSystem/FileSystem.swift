@@ -130,8 +130,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Files unlinked while open when the previous daemon stopped.
+    /// Files unlinked while open when the previous daemon stopped. While another daemon runs,
+    /// nameless nodes may be its open files: they wait for a start with no other daemon.
     private func removeOrphans() throws {
+        guard !store.work.otherWritersAlive() else { return }
         try mutate { s in
             for (ino, n) in s.base.nodes where n.nlink == 0 { s.add(.deleteNode(ino)) }
         }
@@ -312,15 +314,38 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         for r in records where r.seq > state.seq { applyLocked(r.mutations, seq: r.seq, remote: r.writer != writerID) }
     }
 
-    /// Apply what other writers (another view, another device) committed since the last look.
-    /// The change feed calls this; returns how many batches were applied.
+    /// Apply what other writers (another view, another device) committed since the last look,
+    /// and say what the kernel may have cached of it. The change feed calls this a few times a
+    /// second: the store is asked without the namespace lock, which is taken only to apply.
     @discardableResult
-    public func catchUp() throws -> Int {
-        try ns.write {
-            let before = state.seq
-            try catchUpLocked()
-            return Int(state.seq - before)
+    public func catchUp() throws -> [KernelInvalidation] {
+        let from = ns.read { state.seq }
+        let records: [ChangeRecord]
+        do { records = try store.metadata.changes(since: from) } catch { throw FSError(error) }
+        guard !records.isEmpty else { return [] }
+        var invalidations: [KernelInvalidation] = []
+        var seen: Set<KernelInvalidation> = []
+        func add(_ i: KernelInvalidation) { if seen.insert(i).inserted { invalidations.append(i) } }
+        ns.write {
+            // Records at or below the position were applied meanwhile (this writer's own commits
+            // catch up too); the rest follow on from it with no gap.
+            for r in records where r.seq > state.seq {
+                applyLocked(r.mutations, seq: r.seq, remote: r.writer != writerID)
+                guard r.writer != writerID else { continue }
+                for m in r.mutations {
+                    switch m {
+                    case .putDirent(let d): add(.entry(parent: d.parent, name: d.name)); add(.node(d.parent))
+                    case .deleteDirent(let parent, let name): add(.entry(parent: parent, name: name)); add(.node(parent))
+                    case .putNode(let n): add(.node(n.ino))
+                    case .deleteNode(let ino): add(.node(ino))
+                    case .putXattr(let x): add(.node(x.ino))
+                    case .deleteXattr(let ino, _): add(.node(ino))
+                    default: break
+                    }
+                }
+            }
         }
+        return invalidations
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and

@@ -194,6 +194,14 @@ func levelsMaxDepth(_ levels: String) -> Int? {
     }
 }
 
+/// Something another writer changed that the kernel may have cached: a folder entry (the name
+/// now leads elsewhere, or nowhere) or a node's attributes and content. The FUSE bridge turns
+/// these into `fuse_lowlevel_notify_inval_entry` / `_inode`.
+public enum KernelInvalidation: Sendable, Hashable {
+    case entry(parent: UInt64, name: [UInt8])
+    case node(UInt64)
+}
+
 /// setxattr flags (<sys/xattr.h>, not imported by Glibc's module).
 public let xattrCreate: Int32 = 1
 public let xattrReplace: Int32 = 2

@@ -450,6 +450,26 @@ public final class FuseSession: @unchecked Sendable {
         return result
     }
 
+    /// Tell the kernel to drop what it cached of things another writer changed. Call from a
+    /// thread of its own (never a FUSE worker) with no model lock held: the kernel may need the
+    /// daemon to answer other requests (a FORGET, a lookup) before the notification returns.
+    /// ENOENT (the kernel had nothing cached) is not an error.
+    public func invalidate(_ changes: [KernelInvalidation]) {
+        guard mounted else { return }
+        for change in changes {
+            switch change {
+            case .entry(let parent, let name):
+                _ = name.withUnsafeBufferPointer { p in
+                    p.baseAddress!.withMemoryRebound(to: CChar.self, capacity: p.count) {
+                        fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(parent), $0, p.count)
+                    }
+                }
+            case .node(let ino):
+                _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0)
+            }
+        }
+    }
+
     /// Unmount (if still mounted) and free the session.
     public func close() {
         if mounted {

@@ -1,5 +1,5 @@
 // Opening the embedded store: one folder holding
-//   lock               exclusive flock held for the store's lifetime (holds the owner's pid)
+//   lock               shared flock held by every daemon of this version for the store's lifetime
 //   metadata.sqlite3   SQLiteMetadataStore (+ -wal, -shm)
 //   blobs/XX/…         LocalBlobStore
 //   work/…             LocalWorkArea
@@ -9,8 +9,10 @@ import Foundation
 import Glibc
 #endif
 
-/// An exclusive `flock` on the store's `lock` file. Released when the last object holding it
-/// (the three parts of the store each hold it) is gone.
+/// A shared `flock` on the store's `lock` file, held while the store is open. Daemons of this
+/// version share a store (each is one writer of its change log); a daemon of the single-writer
+/// version took this lock exclusively, so the two never run on one store at once. Released when
+/// the last object holding it (the three parts of the store each hold it) is gone.
 final class StoreLock: Sendable {
     let fd: Int32
     let path: String
@@ -19,7 +21,7 @@ final class StoreLock: Sendable {
         let path = directory + "/lock"
         let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
         if fd < 0 { throw systemError("open", path, errno) }
-        if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) != 0 {
+        if retryEINTR({ flock(fd, LOCK_SH | LOCK_NB) }) != 0 {
             let code = errno
             defer { close(fd) }
             if code == EWOULDBLOCK || code == EAGAIN {
@@ -27,15 +29,11 @@ final class StoreLock: Sendable {
                 let n = buffer.withUnsafeMutableBytes { (try? preadFully(fd, $0, at: 0, path: path)) ?? 0 }
                 let pid = String(decoding: buffer[..<n], as: UTF8.self)
                     .trimmingCharacters(in: .whitespacesAndNewlines)
-                throw StoreError(errno: EBUSY, "store \(directory) is in use by another ubiquityfs "
-                                 + "(pid \(pid.isEmpty ? "?" : pid))")
+                throw StoreError(errno: EBUSY, "store \(directory) is in use by an older ubiquityfs that "
+                                 + "cannot share it (pid \(pid.isEmpty ? "?" : pid)); stop that one first")
             }
             throw systemError("flock", path, code)
         }
-        // We own it: record our pid for the message above.
-        let pid = Array("\(getpid())\n".utf8)
-        _ = retryEINTR { ftruncate(fd, 0) }
-        try? pwriteFully(fd, pid, at: 0, path: path)
         self.fd = fd
         self.path = path
     }
@@ -44,8 +42,8 @@ final class StoreLock: Sendable {
 }
 
 /// Opens (creating if missing) the embedded store in `directory`: SQLite metadata, local blob
-/// files and work area, under an exclusive lock so that two daemons can't open one store (the
-/// second open fails with EBUSY). The lock is held as long as any of the returned parts lives.
+/// files and work area. Several daemons may have one store open at once; each has a work area
+/// of its own. A daemon of the single-writer version keeps others out (EBUSY), and is kept out.
 ///
 /// The store is its owner's alone: file names and contents of private containers are in it. So
 /// the folder is made `0700` (an existing folder that others could read or enter is tightened,

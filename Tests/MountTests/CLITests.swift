@@ -151,21 +151,6 @@ final class CLITests: MountTestCase {
         }
     }
 
-    func testSecondDaemonOnTheSameStoreIsRefused() throws {
-        try mount()
-        let second = workDir + "/mnt2"
-        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
-        let r = ubiquityfs(mountArguments(app: "com.example.Ledger", at: second), timeout: 60)
-        if r.succeeded || isMounted(second) {
-            XCTFail("a second daemon opened a store that is in use: \(r)")
-            _ = Command.run(["fusermount3", "-u", second], timeout: 20)
-        }
-        XCTAssertFalse((r.stdout + r.stderr).isEmpty, "the refusal should say why")
-        // The first mount is unharmed.
-        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
-        XCTAssertEqual(Posix.writeFile(docs("Notes") + "/still.txt", "here"), 0)
-        try unmount()
-    }
 
     func testReadOnlyMountOption() throws {
         try mount()

@@ -42,19 +42,28 @@ final class EmbeddedStoreTests: XCTestCase {
 
     // MARK: Embedded only
 
-    func testSecondOpenFailsWithEBUSYUntilTheFirstIsGone() throws {
+    /// Daemons of this version share a store, each with a work area of its own; a daemon of the
+    /// single-writer version (which locked the store exclusively) and they keep each other out.
+    func testDaemonsShareTheStoreAndKeepTheSingleWriterVersionOut() throws {
         do {
-            let store = try fixture.open()
-            let error = assertStoreError(EBUSY) { try openEmbeddedStore(directory: fixture.directory) }
-            XCTAssertTrue(error?.message.contains("is in use by another ubiquityfs (pid \(getpid()))") ?? false,
-                          error?.message ?? "")
-            // Any one part keeps the lock.
-            let work = store.work
-            _ = store
-            _ = withExtendedLifetime(work) {
-                assertStoreError(EBUSY) { try openEmbeddedStore(directory: fixture.directory) }
-            }
+            let one = try fixture.open()
+            let two = try openEmbeddedStore(directory: fixture.directory)
+            XCTAssertNotEqual((one.work as? LocalWorkArea)?.workPath, (two.work as? LocalWorkArea)?.workPath)
+            try one.metadata.commit([.putNode(Sample.node(2))], durable: false)
+            XCTAssertEqual(try two.metadata.load().nodes.map(\.ino), [2])
+            // The old version's exclusive lock cannot be taken meanwhile.
+            let fd = open(fixture.directory + "/lock", O_RDWR)
+            XCTAssertNotEqual(flock(fd, LOCK_EX | LOCK_NB), 0)
+            close(fd)
         }
+        // An old daemon holds the store: a new one is refused, saying why.
+        let fd = open(fixture.directory + "/lock", O_RDWR)
+        XCTAssertEqual(flock(fd, LOCK_EX | LOCK_NB), 0)
+        XCTAssertEqual(pwrite(fd, "4242\n", 5, 0), 5)
+        let error = assertStoreError(EBUSY) { try openEmbeddedStore(directory: fixture.directory) }
+        XCTAssertTrue(error?.message.contains("in use by an older ubiquityfs that cannot share it (pid 4242)") ?? false,
+                      error?.message ?? "")
+        close(fd)
         _ = try fixture.open()
     }
 

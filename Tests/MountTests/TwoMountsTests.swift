@@ -1,0 +1,123 @@
+// Two daemons on one store at once, as two devices: a drive view and an app view (or two drive
+// views) of the same containers. A change through either shows through the other without a
+// remount, a race on one name gives the loser EEXIST, and a kill -9 of one leaves the other
+// serving.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class TwoMountsTests: MountTestCase {
+    private var second: String { workDir + "/mnt2" }
+
+    private func mountSecond(app: String? = nil) throws {
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(app: app, at: second)
+    }
+
+    /// Poll until `check` holds (the other daemon applies the change log ten times a second and
+    /// the kernel's cache lasts a second); fail after `seconds`.
+    private func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
+                            _ check: () -> Bool) {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if check() { return }
+            usleep(20_000)
+        }
+        XCTFail("not seen through the other mount within \(seconds) s: \(what)", file: file, line: line)
+    }
+
+    func testEveryKindOfChangeShowsThroughTheOtherMount() throws {
+        try mount()
+        try mountSecond()
+        let a = docs("SugoiApp"), b = second + "/SugoiApp"
+        XCTAssertEqual(ls(b), [])
+        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "from A\n"), 0)
+        eventually("a new file") { Posix.readText(b + "/Report.txt") == "from A\n" }
+        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "changed on A\n"), 0)
+        eventually("new content") { Posix.readText(b + "/Report.txt") == "changed on A\n" }
+        assertSucceeds("mkdir") { mkdir(a + "/Drafts", 0o755) }
+        eventually("a folder") { Posix.stat(b + "/Drafts").map { Posix.fileType($0) == S_IFDIR } ?? false }
+        assertSucceeds("rename") { rename(a + "/Report.txt", a + "/Drafts/Final.txt") }
+        eventually("a rename") { !Posix.exists(b + "/Report.txt") && Posix.readText(b + "/Drafts/Final.txt") == "changed on A\n" }
+        assertSucceeds("chmod") { chmod(a + "/Drafts/Final.txt", 0o600) }
+        eventually("a chmod") { Posix.stat(b + "/Drafts/Final.txt").map { $0.st_mode & 0o777 } == 0o600 }
+        assertSucceeds("setxattr") { Posix.setxattr(a + "/Drafts/Final.txt", "user.tag", "blue") }
+        eventually("an xattr") { (try? Posix.getxattr(b + "/Drafts/Final.txt", "user.tag").get()) == "blue" }
+        assertSucceeds("unlink") { unlink(a + "/Drafts/Final.txt") }
+        eventually("a delete") { !Posix.exists(b + "/Drafts/Final.txt") && ls(b + "/Drafts") == [] }
+        // And back, B to A.
+        XCTAssertEqual(Posix.writeFile(b + "/Drafts/fromB.txt", "from B\n"), 0)
+        eventually("B's file on A") { Posix.readText(a + "/Drafts/fromB.txt") == "from B\n" }
+        assertSucceeds("rmdir on B") { unlink(b + "/Drafts/fromB.txt") == 0 ? rmdir(b + "/Drafts") : -1 }
+        eventually("B's rmdir on A") { !Posix.exists(a + "/Drafts") }
+        try unmount(at: second)
+        try unmount()
+    }
+
+    func testTheDriveViewAndTheAppViewAtOnce() throws {
+        try mount()
+        try mountSecond(app: "com.example.TestDrive")
+        let app = second + "/iCloud.com.example.TestDrive"
+        XCTAssertEqual(Posix.writeFile(app + "/Documents/MyTextFile.txt", "Hello from the app\n"), 0)
+        eventually("the app's file in the drive view") {
+            Posix.readText(docs("TestDrive") + "/MyTextFile.txt") == "Hello from the app\n"
+        }
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/FromLinux.txt", "hi\n"), 0)
+        eventually("the drive view's file in the app view") { Posix.readText(app + "/Documents/FromLinux.txt") == "hi\n" }
+        try unmount(at: second)
+        try unmount()
+    }
+
+    func testTheSameNewNameOnBothGivesEEXISTToOne() throws {
+        try mount()
+        try mountSecond()
+        let a = docs("Notes"), b = second + "/Notes"
+        // Exclusive creates from both at once: exactly one wins.
+        let r = assertShell("""
+            ( python3 -c 'import os,sys; os.close(os.open(sys.argv[1], os.O_CREAT|os.O_EXCL|os.O_WRONLY)); print("A")' \(shellQuote(a + "/same.txt")) 2>/dev/null || echo "A lost" ) &
+            ( python3 -c 'import os,sys; os.close(os.open(sys.argv[1], os.O_CREAT|os.O_EXCL|os.O_WRONLY)); print("B")' \(shellQuote(b + "/same.txt")) 2>/dev/null || echo "B lost" ) &
+            wait
+            """)
+        let outcome = Set(r.stdout.split(separator: "\n").map(String.init))
+        XCTAssertTrue(outcome == ["A", "B lost"] || outcome == ["B", "A lost"], "one wins, one gets EEXIST: \(outcome)")
+        assertSucceeds("mkdir on A") { mkdir(a + "/Folder", 0o755) }
+        eventually("the folder on B") { Posix.exists(b + "/Folder") }
+        assertErrno(EEXIST, "mkdir of the same folder on B") { mkdir(b + "/Folder", 0o755) }
+        try unmount(at: second)
+        try unmount()
+    }
+
+    func testKillingOneDaemonLeavesTheOtherServing() throws {
+        try mount()
+        try mountSecond()
+        let a = docs("SugoiApp"), b = second + "/SugoiApp"
+        XCTAssertEqual(Posix.writeFile(b + "/kept.txt", "kept\n"), 0)
+        guard let pidB = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(pidB) else {
+            throw FixtureError("no daemon pid on the second mount")
+        }
+        // B is writing when it dies.
+        let fd = Posix.open(b + "/open.txt", O_WRONLY | O_CREAT, 0o644)
+        XCTAssertEqual(write(fd, "unsaved", 7), 7)
+        kill(pid, SIGKILL)
+        XCTAssertTrue(waitForExit(pid, seconds: 10))
+        close(fd)
+        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
+            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
+        }
+        // A never blocks or errors, and sees what B committed.
+        XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A goes on\n"), 0)
+        eventually("B's file on A") { Posix.readText(a + "/kept.txt") == "kept\n" }
+        XCTAssertEqual(Posix.readText(a + "/after.txt"), "A goes on\n")
+        // B comes back and recovers its own working copy (not A's).
+        let fdA = Posix.open(a + "/busy.txt", O_WRONLY | O_CREAT, 0o644)
+        XCTAssertEqual(write(fdA, "A's work", 8), 8)
+        try mountSecond()
+        eventually("B's recovered file") { Posix.exists(b + "/open.txt") }
+        XCTAssertEqual(write(fdA, " goes on", 8), 8, "A's open file is untouched by B's recovery")
+        close(fdA)
+        eventually("A's file on B") { Posix.readText(b + "/busy.txt") == "A's work goes on" }
+        try unmount(at: second)
+        try unmount()
+    }
+}
