@@ -88,6 +88,26 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// A folder renamed through one mount while a program writes a file inside it through the
+    /// other: the writes land in the file, which is now under the new name.
+    func testRenameOfAFolderOnOneWhileTheOtherWritesInside() throws {
+        try mount()
+        try mountSecond()
+        let a = docs("SugoiApp"), b = second + "/SugoiApp"
+        assertSucceeds("mkdir") { mkdir(a + "/Project", 0o755) }
+        eventually("the folder on B") { Posix.exists(b + "/Project") }
+        let fd = Posix.open(b + "/Project/notes.txt", O_WRONLY | O_CREAT, 0o644)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        XCTAssertEqual(write(fd, "one ", 4), 4)
+        assertSucceeds("rename the folder on A") { rename(a + "/Project", a + "/Renamed") }
+        XCTAssertEqual(write(fd, "two", 3), 3)
+        close(fd)
+        eventually("the file, whole, under the new name on A") { Posix.readText(a + "/Renamed/notes.txt") == "one two" }
+        eventually("and on B") { Posix.readText(b + "/Renamed/notes.txt") == "one two" && !Posix.exists(b + "/Project") }
+        try unmount(at: second)
+        try unmount()
+    }
+
     func testKillingOneDaemonLeavesTheOtherServing() throws {
         try mount()
         try mountSecond()
