@@ -460,10 +460,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                     try run("COMMIT")
                     return seq
                 }
-                let encoded: [UInt8]
-                do { encoded = try [UInt8](JSONEncoder().encode(batch.mutations)) } catch {
-                    throw StoreError(.io, "\(path): cannot encode a batch for the change log: \(error)")
-                }
+                let encoded = BatchCoding.encode(batch.mutations)
                 try run("INSERT INTO changes(writer, batch) VALUES(?1, ?2)") { b throws(StoreError) in
                     try b.text(1, batch.writer)
                     try b.blob(2, encoded)
@@ -535,9 +532,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             try run("SELECT seq, writer, batch FROM changes WHERE seq > ?1 ORDER BY seq",
                     bind: { b throws(StoreError) in try b.int(1, seq) },
                     row: { (r) throws(StoreError) in
-                let mutations: [Mutation]
-                do { mutations = try JSONDecoder().decode([Mutation].self, from: Data(r.blob(2))) } catch {
-                    throw StoreError(.corrupt, "\(path): change \(r.int(0)) cannot be read: \(error)")
+                guard let mutations = BatchCoding.decode(r.blob(2)) else {
+                    throw StoreError(.corrupt, "\(path): change \(r.int(0)) cannot be read")
                 }
                 result.append(ChangeRecord(seq: r.int(0), writer: r.text(1), mutations: mutations))
             })
