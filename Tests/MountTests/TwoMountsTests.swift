@@ -112,7 +112,12 @@ final class TwoMountsTests: MountTestCase {
         try mount()
         try mountSecond()
         let a = docs("SugoiApp"), b = second + "/SugoiApp"
-        XCTAssertEqual(Posix.writeFile(b + "/kept.txt", "kept\n"), 0)
+        // Saved with fsync, so B has published it before it dies (a file only closed may still
+        // be B's working copy, which the next daemon to start on the store recovers).
+        let saved = Posix.open(b + "/kept.txt", O_WRONLY | O_CREAT, 0o644)
+        XCTAssertEqual(write(saved, "kept\n", 5), 5)
+        XCTAssertEqual(fsync(saved), 0)
+        close(saved)
         guard let pidB = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(pidB) else {
             throw FixtureError("no daemon pid on the second mount")
         }
