@@ -38,6 +38,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private let ns = RWLock()
     private let state: Namespace                      // guarded by ns
     private let ids: IDPool                           // guarded by ns (write)
+    /// What other writers changed since the change feed last asked (catch-ups inside `mutate`
+    /// apply remote batches too).
+    private var pendingInvalidations: [KernelInvalidation] = []   // guarded by ns (write)
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
@@ -154,28 +157,31 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 .map { ($0, state.nodeChanges[$0.ino] ?? 0) })
         }
         guard !stale.isEmpty || legacy else { return }
-        defer {
-            // Verified: the writers that stopped with the machine are gone.
-            try? mutate { s in
-                for key in stale { s.add(.deleteMeta(key: key)) }
-                if legacy { s.add(.deleteMeta(key: Self.legacyRunningKey)) }
-            }
-        }
         for (n, change) in nodes {
             guard let current = n.currentVersion, change > synced || (legacy && current > legacySynced) else { continue }
             let chunks = ns.read { state.chunks[n.ino] ?? [] }
             if chunks.allSatisfy({ store.blobs.verify($0) }) { continue }
             let older = try store.metadata.versions(of: n.ino).filter { $0.id < current }.reversed()
             let good = older.first { $0.chunks.allSatisfy { store.blobs.verify($0) } }
-            try mutate { s in
-                guard var node = s.node(n.ino) else { return }
+            let reverted = try mutate { s -> Bool in
+                // Only if nobody published it since (another daemon verifying at once, or one
+                // that started after it and published).
+                guard var node = s.node(n.ino), node.currentVersion == current else { return false }
                 node.currentVersion = good?.id
                 node.size = good?.size ?? 0
                 s.put(node)
+                return true
             }
+            guard reverted else { continue }
             ns.write { state.chunks[n.ino] = good?.chunks }
             log("inode \(n.ino): version \(current) did not reach the disk before the daemon stopped; "
                 + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
+        }
+        // Verified: the writers that stopped with the machine are gone (only now: a failure
+        // above leaves the marks, so the next start verifies again).
+        try mutate { s in
+            for key in stale { s.add(.deleteMeta(key: key)) }
+            if legacy { s.add(.deleteMeta(key: Self.legacyRunningKey)) }
         }
     }
 
@@ -266,7 +272,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 let result = try body(&staging)
                 if staging.mutations.isEmpty { return result }
                 let freed = try blobsFreed(by: staging)
-                let batch = Batch(staging.mutations, expecting: state.expectations(for: staging.mutations), writer: writerID)
+                let batch = Batch(staging.mutations,
+                                  expecting: state.expectations(for: staging.mutations, unchanged: staging.unchanged),
+                                  writer: writerID)
                 let seq: ChangeSeq
                 do throws(StoreError) { seq = try store.metadata.commit(batch, durable: durable) } catch {
                     guard error.kind == .conflict, attempts < Self.conflictRetries else { throw FSError(error) }
@@ -274,10 +282,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     try catchUpLocked()
                     continue
                 }
+                for (ino, count) in staging.versionCounts { versionCounts[ino] = count }
                 if seq == state.seq + 1 {
                     applyLocked(batch.mutations, seq: seq, remote: false)
                 } else {
-                    try catchUpLocked()   // others committed in between: apply theirs and ours in log order
+                    // Others committed in between: apply theirs and ours in log order. The batch
+                    // is committed whatever happens here, so a failure to read the log must not
+                    // be reported as the operation's (the change feed catches up later).
+                    do { try catchUpLocked() } catch { log("catching up after commit \(seq) failed: \(error)") }
                 }
                 garbage = freed
                 return result
@@ -311,7 +323,30 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private func catchUpLocked() throws {
         let records: [ChangeRecord]
         do { records = try store.metadata.changes(since: state.seq) } catch { throw FSError(error) }
-        for r in records where r.seq > state.seq { applyLocked(r.mutations, seq: r.seq, remote: r.writer != writerID) }
+        applyRecordsLocked(records)
+    }
+
+    /// Apply log records past the namespace's position, in order; note for the kernel what other
+    /// writers changed (`pendingInvalidations`, sent by the change feed). Caller holds ns (write).
+    private func applyRecordsLocked(_ records: [ChangeRecord]) {
+        // Without a change feed draining them (a model in a test), keep the newest only.
+        if pendingInvalidations.count > 100_000 { pendingInvalidations.removeFirst(50_000) }
+        for r in records where r.seq > state.seq {
+            let remote = r.writer != writerID
+            applyLocked(r.mutations, seq: r.seq, remote: remote)
+            guard remote else { continue }
+            for m in r.mutations {
+                switch m {
+                case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))
+                case .deleteDirent(let parent, let name): pendingInvalidations.append(.entry(parent: parent, name: name)); pendingInvalidations.append(.node(parent))
+                case .putNode(let n): pendingInvalidations.append(.node(n.ino))
+                case .deleteNode(let ino): pendingInvalidations.append(.node(ino))
+                case .putXattr(let x): pendingInvalidations.append(.node(x.ino))
+                case .deleteXattr(let ino, _): pendingInvalidations.append(.node(ino))
+                default: break
+                }
+            }
+        }
     }
 
     /// Apply what other writers (another view, another device) committed since the last look,
@@ -319,33 +354,19 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// second: the store is asked without the namespace lock, which is taken only to apply.
     @discardableResult
     public func catchUp() throws -> [KernelInvalidation] {
-        let from = ns.read { state.seq }
+        let (from, waiting) = ns.read { (state.seq, !pendingInvalidations.isEmpty) }
         let records: [ChangeRecord]
         do { records = try store.metadata.changes(since: from) } catch { throw FSError(error) }
-        guard !records.isEmpty else { return [] }
-        var invalidations: [KernelInvalidation] = []
-        var seen: Set<KernelInvalidation> = []
-        func add(_ i: KernelInvalidation) { if seen.insert(i).inserted { invalidations.append(i) } }
-        ns.write {
+        guard !records.isEmpty || waiting else { return [] }
+        let all = ns.write { () -> [KernelInvalidation] in
             // Records at or below the position were applied meanwhile (this writer's own commits
             // catch up too); the rest follow on from it with no gap.
-            for r in records where r.seq > state.seq {
-                applyLocked(r.mutations, seq: r.seq, remote: r.writer != writerID)
-                guard r.writer != writerID else { continue }
-                for m in r.mutations {
-                    switch m {
-                    case .putDirent(let d): add(.entry(parent: d.parent, name: d.name)); add(.node(d.parent))
-                    case .deleteDirent(let parent, let name): add(.entry(parent: parent, name: name)); add(.node(parent))
-                    case .putNode(let n): add(.node(n.ino))
-                    case .deleteNode(let ino): add(.node(ino))
-                    case .putXattr(let x): add(.node(x.ino))
-                    case .deleteXattr(let ino, _): add(.node(ino))
-                    default: break
-                    }
-                }
-            }
+            applyRecordsLocked(records)
+            defer { pendingInvalidations = [] }
+            return pendingInvalidations
         }
-        return invalidations
+        var seen: Set<KernelInvalidation> = []
+        return all.filter { seen.insert($0).inserted }
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and
@@ -852,6 +873,16 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 throw FSError(EINVAL, "cannot move a folder into itself")
             }
             try checkLevels(moving: src, into: to)
+            if src.kind == .directory && from.ino != to.ino {
+                // Two writers moving folders into each other at once could make a cycle: this
+                // move holds only while every folder above its new place stays where it is.
+                var cur: InodeNumber? = to.ino
+                while let c = cur { s.expectUnchanged(c); cur = state.parent[c] }
+            }
+            if flags.contains(.exchange), let d = dst, d.kind == .directory, from.ino != to.ino {
+                var cur: InodeNumber? = from.ino
+                while let c = cur { s.expectUnchanged(c); cur = state.parent[c] }
+            }
             if flags.contains(.exchange), let d = dst { try checkLevels(moving: d, into: from) }
 
             let now = nowNanoseconds()
@@ -1132,7 +1163,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 let id = try s.newVersion()
                 if n.currentVersion != doc.baseVersion {
                     // Another writer published this file since this edit began: never overwrite
-                    // that. This edit is kept as a version beside it, origin `conflict`.
+                    // that. This edit is kept as a version beside it, origin `conflict` (on the
+                    // node as it is now: if it changes or goes meanwhile, this is staged again).
+                    s.expectUnchanged(n.ino)
                     s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                                     chunks: chunks, origin: .conflict, device: self.device)))
                     self.log("inode \(n.ino) was published elsewhere since this edit began; "
@@ -1161,7 +1194,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         if let known = versionCounts[ino] { count = known + 1 } else {
             do { count = try store.metadata.versions(of: ino).count + 1 } catch { throw FSError(error) }
         }
-        versionCounts[ino] = count
+        s.versionCounts[ino] = count
         guard count > keep + keep / 2 else { return }
         let all: [VersionRecord]
         do { all = try store.metadata.versions(of: ino) } catch { throw FSError(error) }
@@ -1180,7 +1213,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             s.add(.deleteVersion(v.id))
             for c in v.chunks where !c.isHole && !stillUsed.contains(c.blob) { s.prunedBlobs.insert(c.blob) }
         }
-        versionCounts[ino] = count - doomed.count
+        s.versionCounts[ino] = count - doomed.count
     }
 
     /// Publish files held open that have not changed for the idle time. The daemon calls this

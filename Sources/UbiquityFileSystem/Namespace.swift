@@ -109,7 +109,7 @@ extension Namespace {
     /// every node it changes is at the change this namespace last saw, every name it sets or
     /// removes is as this namespace has it, every container it registers is as registered here.
     /// New nodes need nothing: their ids are reserved by the store, so unique.
-    func expectations(for batch: [Mutation]) -> [Expectation] {
+    func expectations(for batch: [Mutation], unchanged: [InodeNumber] = []) -> [Expectation] {
         var out: [Expectation] = []
         var seenNodes: Set<InodeNumber> = []
         var seenNames: Set<[UInt8]> = []   // parent (8 bytes, little endian) + name
@@ -128,6 +128,7 @@ extension Namespace {
                 out.append(.nameFree(parent: parent, name: name))
             }
         }
+        for ino in unchanged { node(ino) }
         for m in batch {
             switch m {
             case .putNode(let n): node(n.ino)
@@ -187,6 +188,12 @@ struct Staging {
     private(set) var mutations: [Mutation] = []
     /// Blobs of versions this batch prunes that no remaining version uses.
     var prunedBlobs: Set<BlobID> = []
+    /// Nodes the operation read but does not change, whose change must still fail it (the
+    /// folders above a folder's new place: a concurrent move could make a cycle).
+    private(set) var unchanged: [InodeNumber] = []
+    /// Version counts to record once the batch commits (a retried staging must not count twice).
+    var versionCounts: [InodeNumber: Int] = [:]
+    mutating func expectUnchanged(_ ino: InodeNumber) { unchanged.append(ino) }
     private var staged: [InodeNumber: NodeRecord] = [:]
     private let ids: IDPool
 

@@ -91,7 +91,13 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         try makeDirectory(tempPath)
         // Temporary files left by a crash are garbage.
         if let names = try? FileManager.default.contentsOfDirectory(atPath: tempPath) {
-            for name in names { _ = retryEINTR { unlink(tempPath + "/" + name) } }
+            // Only old ones: a young one may be another daemon's blob being written right now.
+            let cutoff = Int64(time(nil)) - 600
+            for name in names {
+                var st = stat()
+                guard lstat(tempPath + "/" + name, &st) == 0, Int64(st.st_mtim.tv_sec) < cutoff else { continue }
+                _ = retryEINTR { unlink(tempPath + "/" + name) }
+            }
         }
         if created {
             try fsyncDirectory(blobsPath)

@@ -104,6 +104,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     // `mutex` guards `adopted`: the folders of gone daemons being recovered, with their locks.
     private let mutex = StoreMutex()
     private var adopted: [(path: String, lock: Int32)] = []
+    private var recoveryLock: Int32 = -1   // guarded by mutex
 
     /// Opens (creating if missing) `<directory>/work` and a folder of this daemon's own in it.
     public convenience init(directory: String) throws(StoreError) {
@@ -134,7 +135,8 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
 
     deinit {
         close(ownLock)
-        for a in adopted { close(a.lock) }
+        for a in adopted where a.lock >= 0 { close(a.lock) }
+        if recoveryLock >= 0 { close(recoveryLock) }
     }
 
     /// Create `folder/lock` and hold an exclusive flock on it.
@@ -184,7 +186,21 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     /// `recoveryFinished()`, so no other daemon recovers them too). A live daemon's folder is
     /// left alone.
     public func leftovers() throws(StoreError) -> [RecoveredWork] {
-        var result = try scan(rootPath)
+        // Pairs in work/ itself and folders without a lock have no owner to lock: one daemon at a
+        // time looks at those, under work/recovery.lock, held until recoveryFinished(). If
+        // another daemon holds it, that one is recovering them.
+        if mutex.withLock({ recoveryLock < 0 }) {
+            let path = rootPath + "/recovery.lock"
+            let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+            if fd < 0 { throw systemError("create", path, errno) }
+            if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 {
+                mutex.withLock { recoveryLock = fd }
+            } else {
+                close(fd)
+            }
+        }
+        let unowned = mutex.withLock { recoveryLock >= 0 }
+        var result = unowned ? try scan(rootPath) : []
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: rootPath) } catch {
             throw StoreError(errno: EIO, "list \(rootPath): \(error)")
@@ -202,13 +218,21 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             if fd < 0 {
                 // A folder without its lock: a daemon that died while making it, or one making
                 // it right now; only an old one is taken.
-                guard Int64(st.st_mtim.tv_sec) < Int64(time(nil)) - 60 else { continue }
+                guard unowned, Int64(st.st_mtim.tv_sec) < Int64(time(nil)) - 60 else { continue }
                 result += try scan(folder)
                 mutex.withLock { adopted.append((folder, -1)) }
                 continue
             }
             guard retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 else {
                 close(fd)   // its daemon is alive
+                continue
+            }
+            // Another daemon may have recovered and removed the folder between our open and
+            // our flock: then the lock we hold is of a file that is gone.
+            var held = stat(), named = stat()
+            guard fstat(fd, &held) == 0, lstat(folder + "/lock", &named) == 0,
+                  held.st_ino == named.st_ino, held.st_dev == named.st_dev else {
+                close(fd)
                 continue
             }
             mutex.withLock { adopted.append((folder, fd)) }
@@ -255,6 +279,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             if lock >= 0 { close(lock) }
         }
         if !folders.isEmpty { try? fsyncDirectory(rootPath) }
+        let fd = mutex.withLock { () -> Int32 in
+            defer { recoveryLock = -1 }
+            return recoveryLock
+        }
+        if fd >= 0 { close(fd) }
     }
 
     /// Every valid pair in `folder`; malformed or unpaired files are removed.

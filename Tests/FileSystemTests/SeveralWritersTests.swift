@@ -175,4 +175,23 @@ final class SeveralWritersTests: XCTestCase {
         XCTAssertFalse(try store.metadata.load().meta.keys.contains { $0.hasPrefix("running/") && !$0.hasSuffix(after.writerID) },
                        "the writers of the ended boot are forgotten")
     }
+
+    /// Two writers moving folders into each other at once must not make a cycle: the second
+    /// move is staged again over the first and refused as a move into itself.
+    func testCrossedFolderMovesCannotMakeACycle() throws {
+        let docs = try one.ino("SugoiApp")
+        let p = try one.mkdir(parent: docs, name: b("p"), mode: 0o755, caller: owner).ino
+        let q = try one.mkdir(parent: docs, name: b("q"), mode: 0o755, caller: owner).ino
+        let x = try one.mkdir(parent: p, name: b("X"), mode: 0o755, caller: owner).ino
+        let w = try one.mkdir(parent: x, name: b("W"), mode: 0o755, caller: owner).ino
+        let y = try one.mkdir(parent: q, name: b("Y"), mode: 0o755, caller: owner).ino
+        let z = try one.mkdir(parent: y, name: b("Z"), mode: 0o755, caller: owner).ino
+        try two.catchUp()
+        try one.rename(parent: p, name: b("X"), newParent: z, newName: b("X"), flags: [])     // X under Y/Z
+        assertErrno(EINVAL, try two.rename(parent: q, name: b("Y"), newParent: w, newName: b("Y"), flags: []),
+                    "Y under X/W, which is now under Y")
+        try two.catchUp()
+        XCTAssertEqual(try tree(two), try tree(one))
+        XCTAssertNoThrow(try two.at("SugoiApp/q/Y/Z/X/W"), "every folder still reachable from the top")
+    }
 }
