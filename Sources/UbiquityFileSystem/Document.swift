@@ -334,6 +334,24 @@ final class Document: @unchecked Sendable {
         }
     }
 
+    /// Another writer published `node`'s new current version: if this document holds no change of
+    /// its own, it follows (so a program opening the file now reads the new content); with
+    /// changes, it keeps its base and its publish becomes a conflict version.
+    func rebase(on node: NodeRecord, chunks: [ChunkRef]) {
+        lock.write {
+            guard work == nil, dirty.isEmpty, !stat().unpublished, baseVersion != node.currentVersion else { return }
+            baseVersion = node.currentVersion
+            base = chunks
+            let allocated = allocatedBytes(chunks)
+            statLock.withLock {
+                size = node.size
+                mtime = node.mtime
+                ctime = node.ctime
+                baseAllocated = allocated
+            }
+        }
+    }
+
     /// Forget the working copy without publishing (the file was deleted).
     func discard() {
         lock.write {

@@ -41,6 +41,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// What other writers changed since the change feed last asked (catch-ups inside `mutate`
     /// apply remote batches too).
     private var pendingInvalidations: [KernelInvalidation] = []   // guarded by ns (write)
+    /// Files whose current version another writer changed, for open documents to follow (done
+    /// by the change feed, which holds no document lock: lock order is document, then ns).
+    private var pendingRebases: Set<InodeNumber> = []   // guarded by ns (write)
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
@@ -334,8 +337,15 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         for r in records where r.seq > state.seq {
             let remote = r.writer != writerID
             applyLocked(r.mutations, seq: r.seq, remote: remote)
+            for (ino, version) in state.missingChunks {
+                do { state.chunks[ino] = try store.metadata.version(version)?.chunks } catch {
+                    log("reading version \(version) of inode \(ino) failed: \(error)")
+                }
+            }
+            state.missingChunks.removeAll()
             guard remote else { continue }
             for m in r.mutations {
+                if case .putNode(let n) = m { pendingRebases.insert(n.ino) }
                 switch m {
                 case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))
                 case .deleteDirent(let parent, let name): pendingInvalidations.append(.entry(parent: parent, name: name)); pendingInvalidations.append(.node(parent))
@@ -354,16 +364,24 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// second: the store is asked without the namespace lock, which is taken only to apply.
     @discardableResult
     public func catchUp() throws -> [KernelInvalidation] {
-        let (from, waiting) = ns.read { (state.seq, !pendingInvalidations.isEmpty) }
+        let (from, waiting) = ns.read { (state.seq, !pendingInvalidations.isEmpty || !pendingRebases.isEmpty) }
         let records: [ChangeRecord]
         do { records = try store.metadata.changes(since: from) } catch { throw FSError(error) }
         guard !records.isEmpty || waiting else { return [] }
-        let all = ns.write { () -> [KernelInvalidation] in
+        let (all, rebases) = ns.write { () -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
             // Records at or below the position were applied meanwhile (this writer's own commits
             // catch up too); the rest follow on from it with no gap.
             applyRecordsLocked(records)
-            defer { pendingInvalidations = [] }
-            return pendingInvalidations
+            defer { pendingInvalidations = []; pendingRebases = [] }
+            let open = docsLock.withLock { Set(docs.keys) }
+            let rebases = pendingRebases.filter(open.contains).compactMap { ino in
+                state.nodes[ino].map { ($0, state.chunks[ino] ?? []) }
+            }
+            return (pendingInvalidations, rebases)
+        }
+        // No namespace lock here: a document's lock comes before it.
+        for (node, chunks) in rebases {
+            docsLock.withLock { docs[node.ino] }?.rebase(on: node, chunks: chunks)
         }
         var seen: Set<KernelInvalidation> = []
         return all.filter { seen.insert($0).inserted }

@@ -25,6 +25,9 @@ final class Namespace: @unchecked Sendable {
     var seq: ChangeSeq = 0
     /// The commit that last put each node, for the batch expectations (`Expectation.nodeAt`).
     var nodeChanges: [InodeNumber: ChangeSeq] = [:]
+    /// Nodes whose new current version was not in the batch that made it current (a revert, a
+    /// restore): their chunk lists must be read from the store. Taken by the applier.
+    var missingChunks: [(ino: InodeNumber, version: VersionID)] = []
     /// Versions put in the batch being applied, until a node takes one as current.
     private var pendingVersions: [VersionID: [ChunkRef]] = [:]
 
@@ -61,7 +64,9 @@ final class Namespace: @unchecked Sendable {
             nodeChanges[n.ino] = seq
             maxIno = max(maxIno, n.ino)
             if n.kind == .directory, children[n.ino] == nil { children[n.ino] = [:] }
-            if let v = n.currentVersion, v != old?.currentVersion, let c = pendingVersions[v] { chunks[n.ino] = c }
+            if let v = n.currentVersion, v != old?.currentVersion {
+                if let c = pendingVersions[v] { chunks[n.ino] = c } else { missingChunks.append((n.ino, v)) }
+            }
             if n.currentVersion == nil { chunks[n.ino] = nil }
         case .deleteNode(let ino):
             nodes[ino] = nil

@@ -194,4 +194,31 @@ final class SeveralWritersTests: XCTestCase {
         XCTAssertEqual(try tree(two), try tree(one))
         XCTAssertNoThrow(try two.at("SugoiApp/q/Y/Z/X/W"), "every folder still reachable from the top")
     }
+
+    /// Close-to-open while a program still holds the file open here: once the other writer's
+    /// publish is caught up, a new open reads the new content (the open document, holding no
+    /// change of its own, follows it).
+    func testAnOpenCleanDocumentFollowsTheOtherWritersPublish() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let held = try two.open(f, flags: O_RDONLY)            // a reader keeps it open on two
+        assertBytes(try two.get(held, at: 0, count: 10), b("v1"))
+        try one.writeFile(f, b("v2, longer"))
+        XCTAssertTrue(try two.catchUp().contains(.node(f)))
+        let again = try two.open(f, flags: O_RDONLY)
+        assertBytes(try two.get(again, at: 0, count: 20), b("v2, longer"))
+        XCTAssertEqual(try two.getattr(f).size, 10)
+        try two.release(handle: again)
+        try two.release(handle: held)
+        // A document with changes of its own does not follow: its publish is a conflict version.
+        let editing = try two.open(f, flags: O_RDWR)
+        try two.put(editing, b("mine"), at: 0)
+        try one.writeFile(f, b("v3"))
+        try two.catchUp()
+        assertBytes(try two.get(editing, at: 0, count: 20), b("minelonger"))
+        try two.release(handle: editing)
+        XCTAssertEqual(try store.metadata.versions(of: f).last?.origin, .conflict)
+        assertBytes(try one.contents(f), b("v3, longer"))
+    }
 }

@@ -55,6 +55,23 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// Close-to-open even while a program here keeps the file open: a new open after the other
+    /// mount published reads the new content.
+    func testANewOpenReadsTheOtherMountsPublishWhileTheFileIsHeldOpen() throws {
+        try mount()
+        try mountSecond()
+        let a = docs("Notes") + "/held.txt", b = second + "/Notes/held.txt"
+        XCTAssertEqual(Posix.writeFile(a, "version one\n"), 0)
+        eventually("the file on B") { Posix.readText(b) == "version one\n" }
+        let held = Posix.open(b, O_RDONLY)
+        XCTAssertGreaterThanOrEqual(held, 0)
+        XCTAssertEqual(Posix.writeFile(a, "version two, longer\n"), 0)
+        eventually("the new content through a new open on B") { Posix.readText(b) == "version two, longer\n" }
+        close(held)
+        try unmount(at: second)
+        try unmount()
+    }
+
     func testTheDriveViewAndTheAppViewAtOnce() throws {
         try mount()
         try mountSecond(app: "com.example.TestDrive")
