@@ -101,6 +101,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private let syncLock = Lock()
     private var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
     private var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
+    private var lastAdoption: UInt64 = monotonicNanoseconds()     // guarded by syncLock
 
     // MARK: - registration and recovery
 
@@ -1251,6 +1252,17 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         let unsynced = ns.read { state.seq > through }
         if due && unsynced {
             do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
+        }
+        // Every 5 s, the working copies of daemons on this store that died meanwhile: a file
+        // saved and closed on a mount whose daemon was killed reaches this one without waiting
+        // for a daemon to start.
+        let adopt = syncLock.withLock { () -> Bool in
+            guard now &- lastAdoption >= 5_000_000_000 else { return false }
+            lastAdoption = now
+            return true
+        }
+        if adopt {
+            do { try recoverWorkingCopies() } catch { log("recovering a stopped daemon's working copies failed: \(error)") }
         }
         // Every hour, garbage that other writers left to the grace period.
         let collect = syncLock.withLock { () -> Bool in

@@ -138,9 +138,10 @@ final class TwoMountsTests: MountTestCase {
         guard let pidB = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(pidB) else {
             throw FixtureError("no daemon pid on the second mount")
         }
-        // B is writing when it dies.
+        // B is writing one file when it dies, and has just saved and closed another.
         let fd = Posix.open(b + "/open.txt", O_WRONLY | O_CREAT, 0o644)
         XCTAssertEqual(write(fd, "unsaved", 7), 7)
+        XCTAssertEqual(Posix.writeFile(b + "/closed.txt", "saved a moment ago\n"), 0)
         kill(pid, SIGKILL)
         XCTAssertTrue(waitForExit(pid, seconds: 10))
         close(fd)
@@ -151,6 +152,10 @@ final class TwoMountsTests: MountTestCase {
         XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A goes on\n"), 0)
         eventually("B's file on A") { Posix.readText(a + "/kept.txt") == "kept\n" }
         XCTAssertEqual(Posix.readText(a + "/after.txt"), "A goes on\n")
+        // The file B closed but may not have published: A takes over B's working copies.
+        eventually("B's last saved file on A, without B coming back", seconds: 15) {
+            Posix.readText(a + "/closed.txt") == "saved a moment ago\n"
+        }
         // B comes back and recovers its own working copy (not A's).
         let fdA = Posix.open(a + "/busy.txt", O_WRONLY | O_CREAT, 0o644)
         XCTAssertEqual(write(fdA, "A's work", 8), 8)
