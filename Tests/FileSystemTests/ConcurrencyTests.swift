@@ -30,7 +30,7 @@ final class ConcurrencyTests: XCTestCase {
         let succeeded = LogBox()
         DispatchQueue.concurrentPerform(iterations: threads) { t in
             let fs = writers[t % writers.count]
-            var rng = SplitMix(seed: seed &+ UInt64(t))
+            var rng = SplitMix64(seed: seed &+ UInt64(t))
             guard let docs = try? fs.ino("SugoiApp") else { unexpected.append("no SugoiApp"); return }
             let names = (0..<6).map { "n\($0)" }
             for step in 0..<steps {
@@ -93,18 +93,5 @@ final class ConcurrencyTests: XCTestCase {
         XCTAssertEqual(try tree(two, try two.ino("SugoiApp")), expected, "the two writers agree")
         let fresh = try writer()
         XCTAssertEqual(try tree(fresh, try fresh.ino("SugoiApp")), expected, "and the store agrees")
-    }
-}
-
-/// A small deterministic generator (SplitMix64), so a failing run can be repeated.
-struct SplitMix {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9e37_79b9_7f4a_7c15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-        z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-        return z ^ (z >> 31)
     }
 }
