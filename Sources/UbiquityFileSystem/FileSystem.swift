@@ -1256,23 +1256,20 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         // Every 5 s, the working copies of daemons on this store that died meanwhile: a file
         // saved and closed on a mount whose daemon was killed reaches this one without waiting
         // for a daemon to start.
-        let adopt = syncLock.withLock { () -> Bool in
-            guard now &- lastAdoption >= 5_000_000_000 else { return false }
-            lastAdoption = now
-            return true
-        }
-        if adopt {
+        if syncLock.withLock({ Self.due(&lastAdoption, every: 5_000_000_000, now: now) }) {
             do { try recoverWorkingCopies() } catch { log("recovering a stopped daemon's working copies failed: \(error)") }
         }
         // Every hour, garbage that other writers left to the grace period.
-        let collect = syncLock.withLock { () -> Bool in
-            guard now &- lastCollection >= 3_600_000_000_000 else { return false }
-            lastCollection = now
-            return true
-        }
-        if collect {
+        if syncLock.withLock({ Self.due(&lastCollection, every: 3_600_000_000_000, now: now) }) {
             do { try collectGarbage() } catch { log("garbage collection failed: \(error)") }
         }
+    }
+
+    /// Whether `interval` has passed since `last`; if so `last` becomes `now`. Caller holds syncLock.
+    private static func due(_ last: inout UInt64, every interval: UInt64, now: UInt64) -> Bool {
+        guard now &- last >= interval else { return false }
+        last = now
+        return true
     }
 
     /// Publish every working copy with changes (unmount, SIGTERM). Returns the failures.

@@ -160,13 +160,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// Opens an existing database only to read it (for commands that change nothing, such as
     /// `containers`): no schema set-up, no migration, no write lock; a commit fails.
     public init(readOnlyPath path: String) throws(StoreError) {
-        var handle: OpaquePointer?
-        let rc = sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nil)
-        guard rc == SQLITE_OK, let handle else {
-            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
-            if let handle { sqlite3_close_v2(handle) }
-            throw StoreError(errno: errnoForSQLite(rc), "open \(path) to read: \(message)")
-        }
+        let handle = try Self.connect(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, what: "open \(path) to read")
         sqlite3_busy_timeout(handle, 5000)
         do throws(StoreError) {
             let version = try Self.scalarInt(handle, "SELECT value FROM store_meta WHERE key='schema_version'", path: path) ?? -1
@@ -190,14 +184,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if fd < 0 { throw systemError("create", path, errno) }
         close(fd)
-        var handle: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
-        let rc = sqlite3_open_v2(path, &handle, flags, nil)
-        guard rc == SQLITE_OK, let handle else {
-            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
-            if let handle { sqlite3_close_v2(handle) }
-            throw StoreError(errno: errnoForSQLite(rc), "open \(path): \(message)")
-        }
+        let handle = try Self.connect(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, what: "open \(path)")
         sqlite3_extended_result_codes(handle, 1)
         do throws(StoreError) {
             try Self.setUp(handle, path: path)
@@ -215,6 +202,18 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     deinit {
         for statement in statements.values { sqlite3_finalize(statement) }
         sqlite3_close_v2(db)
+    }
+
+    /// A connection to `path`, or the error saying why not.
+    private static func connect(_ path: String, _ flags: Int32, what: String) throws(StoreError) -> OpaquePointer {
+        var handle: OpaquePointer?
+        let rc = sqlite3_open_v2(path, &handle, flags, nil)
+        guard rc == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            if let handle { sqlite3_close_v2(handle) }
+            throw StoreError(errno: errnoForSQLite(rc), "\(what): \(message)")
+        }
+        return handle
     }
 
     /// Pragmas, schema, schema-version check.
