@@ -156,33 +156,34 @@ extension Namespace {
 /// reused, so ids left in a block when the daemon stops are simply skipped. Guarded by the
 /// filesystem's namespace lock (used only while staging).
 final class IDPool: @unchecked Sendable {
+    /// One reserved block and the next id in it.
+    private struct Block<ID: BinaryInteger> {
+        var range: ClosedRange<ID>?
+        var next: ID = 0
+        mutating func take(refill: () throws(StoreError) -> ClosedRange<ID>) throws(StoreError) -> ID {
+            if range == nil || next > range!.upperBound {
+                let r = try refill()
+                range = r
+                next = r.lowerBound
+            }
+            defer { next += 1 }
+            return next
+        }
+    }
+
     private let store: any MetadataStore
-    private var inodes: ClosedRange<InodeNumber>?
-    private var nextInode: InodeNumber = 0
-    private var versions: ClosedRange<VersionID>?
-    private var nextVersionID: VersionID = 0
+    private var inodes = Block<InodeNumber>()
+    private var versions = Block<VersionID>()
     static let block = 256
 
     init(store: any MetadataStore) { self.store = store }
 
     func inode() throws(StoreError) -> InodeNumber {
-        if inodes == nil || nextInode > inodes!.upperBound {
-            let r = try store.reserveInodes(Self.block)
-            inodes = r
-            nextInode = r.lowerBound
-        }
-        defer { nextInode += 1 }
-        return nextInode
+        try inodes.take { () throws(StoreError) in try store.reserveInodes(Self.block) }
     }
 
     func version() throws(StoreError) -> VersionID {
-        if versions == nil || nextVersionID > versions!.upperBound {
-            let r = try store.reserveVersions(Self.block)
-            versions = r
-            nextVersionID = r.lowerBound
-        }
-        defer { nextVersionID += 1 }
-        return nextVersionID
+        try versions.take { () throws(StoreError) in try store.reserveVersions(Self.block) }
     }
 }
 
