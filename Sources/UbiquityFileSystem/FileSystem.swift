@@ -58,6 +58,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// it (an O_PATH descriptor, a removed working folder), as on a local filesystem.
     private var lookups: [InodeNumber: UInt64] = [:]  // guarded by docsLock
 
+    /// Lock requests waiting for another owner's lock to go (see Locks.swift).
+    let lockWaiters = LockWaiters()
+
     private enum Handle {
         case file(Document, flags: Int32)
         case directory([DirectoryEntry])

@@ -113,8 +113,10 @@ func makeOperations() -> fuse_lowlevel_ops {
         // Kernel-side write-back caching would let the kernel reorder and merge writes behind the
         // coordination layer's back; the working copy is the cache.
         conn.pointee.want &= ~UInt32(FUSE_CAP_WRITEBACK_CACHE)
-        if conn.pointee.capable & UInt32(FUSE_CAP_ATOMIC_O_TRUNC) != 0 {
-            conn.pointee.want |= UInt32(FUSE_CAP_ATOMIC_O_TRUNC)
+        // Locks go to the store's lock table, so a lock through another mount of the store
+        // conflicts too (the kernel alone knows only this mount's).
+        for cap in [FUSE_CAP_ATOMIC_O_TRUNC, FUSE_CAP_POSIX_LOCKS, FUSE_CAP_FLOCK_LOCKS] {
+            if conn.pointee.capable & UInt32(cap) != 0 { conn.pointee.want |= UInt32(cap) }
         }
     }
 
@@ -249,13 +251,61 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.flush = { req, ino, fi in
-        do { try bridge(req).fs.flush(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
+        let fs = bridge(req).fs
+        // close(2) of any descriptor drops the closing process's POSIX locks on the file.
+        if let fi { fs.releaseLocks(ino, owner: fi.pointee.lock_owner, style: .posix) }
+        do { try fs.flush(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
         catch { fail(req, "flush", ino, error) }
     }
 
     ops.release = { req, ino, fi in
-        do { try bridge(req).fs.release(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
+        let fs = bridge(req).fs
+        // The last close of an open file description drops its flock lock.
+        if let fi, fi.pointee.flock_release != 0 { fs.releaseLocks(ino, owner: fi.pointee.lock_owner, style: .flock) }
+        do { try fs.release(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
         catch { fail(req, "release", ino, error) }
+    }
+
+    ops.getlk = { req, ino, fi, lock in
+        guard let fi, let lock, let mode = lockMode(lock.pointee.l_type) else { fuse_reply_err(req, EINVAL); return }
+        do {
+            let range = LockRange(start: Int64(lock.pointee.l_start), length: Int64(lock.pointee.l_len))
+            var answer = flock()
+            answer.l_whence = Int16(SEEK_SET)
+            if let held = try bridge(req).fs.testLock(ino, owner: fi.pointee.lock_owner, mode: mode, range: range) {
+                answer.l_type = Int16(held.mode == .write ? F_WRLCK : F_RDLCK)
+                answer.l_start = __off_t(held.range.start)
+                answer.l_len = __off_t(held.range.length)
+                answer.l_pid = held.pid
+            } else {
+                answer = lock.pointee
+                answer.l_type = Int16(F_UNLCK)
+            }
+            fuse_reply_lock(req, &answer)
+        } catch { fail(req, "getlk", ino, error) }
+    }
+
+    ops.setlk = { req, ino, fi, lock, sleep in
+        guard let fi, let lock else { fuse_reply_err(req, EINVAL); return }
+        let l = lock.pointee
+        let mode = lockMode(l.l_type)
+        guard mode != nil || l.l_type == Int16(F_UNLCK) else { fuse_reply_err(req, EINVAL); return }
+        let range = LockRange(start: Int64(l.l_start), length: Int64(l.l_len))
+        let pid = l.l_pid != 0 ? l.l_pid : caller(req).pid
+        setLock(req, ino, owner: fi.pointee.lock_owner, style: .posix, mode: mode, range: range, pid: pid, wait: sleep != 0)
+    }
+
+    ops.flock = { req, ino, fi, op in
+        guard let fi else { fuse_reply_err(req, EINVAL); return }
+        let mode: LockMode?
+        switch op & ~LOCK_NB {
+        case LOCK_SH: mode = .read
+        case LOCK_EX: mode = .write
+        case LOCK_UN: mode = nil
+        default: fuse_reply_err(req, EINVAL); return
+        }
+        setLock(req, ino, owner: fi.pointee.lock_owner, style: .flock, mode: mode, range: .wholeFile,
+                pid: caller(req).pid, wait: op & LOCK_NB == 0)
     }
 
     ops.fsync = { req, ino, datasync, fi in
@@ -343,6 +393,41 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     return ops
+}
+
+private func lockMode(_ type: Int16) -> LockMode? {
+    switch Int32(type) {
+    case F_RDLCK: return .read
+    case F_WRLCK: return .write
+    default: return nil
+    }
+}
+
+/// Take, change or drop a lock; one that must wait is answered later, from the model's lock
+/// waiter, and ends with EINTR if the caller is interrupted meanwhile.
+private func setLock(_ req: fuse_req_t?, _ ino: fuse_ino_t, owner: UInt64, style: LockStyle, mode: LockMode?,
+                     range: LockRange, pid: Int32, wait: Bool) {
+    let fs = bridge(req).fs
+    do {
+        if try fs.setLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid) {
+            fuse_reply_err(req, 0)
+        } else if let mode, wait {
+            // A fuse_req_t is a pointer libfuse keeps valid until the one reply.
+            let request = UnsafeSendable(req)
+            fs.waitForLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid,
+                           interrupted: { fuse_req_interrupted(request.value) != 0 },
+                           done: { fuse_reply_err(request.value, $0) })
+        } else {
+            fuse_reply_err(req, EAGAIN)
+        }
+    } catch { fail(req, style == .posix ? "setlk" : "flock", ino, error) }
+}
+
+/// A value handed to another thread that Swift cannot prove safe to send: a libfuse request,
+/// which libfuse lets any thread answer.
+private struct UnsafeSendable<T>: @unchecked Sendable {
+    let value: T
+    init(_ value: T) { self.value = value }
 }
 
 /// Fill one readdir(plus) reply from the handle's snapshot, starting at `off`.
@@ -472,6 +557,8 @@ public final class FuseSession: @unchecked Sendable {
 
     /// Unmount (if still mounted) and free the session.
     public func close() {
+        // Answer lock requests still waiting while their session exists.
+        bridgeRef.takeUnretainedValue().fs.stopLockWaits()
         if mounted {
             fuse_session_unmount(session)
             mounted = false

@@ -398,13 +398,15 @@ public extension MetadataStore {
     }
 }
 
-/// The three parts of one backing store, opened together.
+/// The parts of one backing store, opened together. Every part but `work` is shared by all the
+/// store's writers; `work` is one writer's own.
 public struct BackingStore: Sendable {
     public var metadata: any MetadataStore
     public var blobs: any BlobStore
     public var work: any WorkArea
-    public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea) {
-        self.metadata = metadata; self.blobs = blobs; self.work = work
+    public var locks: any LockTable
+    public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable) {
+        self.metadata = metadata; self.blobs = blobs; self.work = work; self.locks = locks
     }
 }
 

@@ -3,6 +3,7 @@
 //   metadata.sqlite3   SQLiteMetadataStore (+ -wal, -shm)
 //   blobs/XX/…         LocalBlobStore
 //   work/…             LocalWorkArea
+//   locks/…            LocalLockTable
 
 import Foundation
 #if canImport(Glibc)
@@ -58,13 +59,14 @@ public func openEmbeddedStore(directory: String, log: (String) -> Void = { _ in 
     let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock)
     let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock)
     let work = try LocalWorkArea(directory: directory, storeLock: lock)
+    let locks = try LocalLockTable(directory: directory, storeLock: lock)
     if !existed {
         // Make the new folder's entries (blobs/, work/, the database) durable.
         try fsyncDirectory(directory)
         let parent = (directory as NSString).deletingLastPathComponent
         try? fsyncDirectory(parent.isEmpty ? "." : parent)
     }
-    return BackingStore(metadata: metadata, blobs: blobs, work: work)
+    return BackingStore(metadata: metadata, blobs: blobs, work: work, locks: locks)
 }
 
 /// Files of the store's top folder that may predate the rule that the store is private (an older

@@ -15,6 +15,8 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     case blobWrite, blobRead, blobDelete, syncAll, blobVerify
     // WorkArea and WorkFile
     case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSetFinished, workSync
+    // LockTable (`release` cannot fail)
+    case lockSet, lockTest
 }
 
 /// Which calls of an operation fail. Calls are counted from when the rule was set.
@@ -106,7 +108,8 @@ public final class FaultPlan: @unchecked Sendable {
 public func faultInjecting(_ store: BackingStore, plan: FaultPlan) -> BackingStore {
     BackingStore(metadata: FaultInjectingMetadataStore(store.metadata, plan: plan),
                  blobs: FaultInjectingBlobStore(store.blobs, plan: plan),
-                 work: FaultInjectingWorkArea(store.work, plan: plan))
+                 work: FaultInjectingWorkArea(store.work, plan: plan),
+                 locks: FaultInjectingLockTable(store.locks, plan: plan))
 }
 
 public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
@@ -226,6 +229,28 @@ public final class FaultInjectingWorkArea: WorkArea, Sendable {
             return wrappedWork
         }
     }
+}
+
+public final class FaultInjectingLockTable: LockTable, Sendable {
+    public let wrapped: any LockTable
+    public let plan: FaultPlan
+
+    public init(_ wrapped: any LockTable, plan: FaultPlan) {
+        self.wrapped = wrapped
+        self.plan = plan
+    }
+
+    public func set(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) throws(StoreError) -> Bool {
+        try plan.check(.lockSet)
+        return try wrapped.set(node, owner: owner, mode: mode, range: range, pid: pid)
+    }
+
+    public func test(_ node: InodeNumber, owner: LockOwner, mode: LockMode, range: LockRange) throws(StoreError) -> HeldLock? {
+        try plan.check(.lockTest)
+        return try wrapped.test(node, owner: owner, mode: mode, range: range)
+    }
+
+    public func release(_ node: InodeNumber, owner: LockOwner) { wrapped.release(node, owner: owner) }
 }
 
 public final class FaultInjectingWorkFile: WorkFile, Sendable {

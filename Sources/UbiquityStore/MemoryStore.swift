@@ -9,7 +9,8 @@ import Glibc
 
 /// A fresh, empty in-memory backing store.
 public func makeMemoryStore() -> BackingStore {
-    BackingStore(metadata: MemoryMetadataStore(), blobs: MemoryBlobStore(), work: MemoryWorkArea())
+    BackingStore(metadata: MemoryMetadataStore(), blobs: MemoryBlobStore(), work: MemoryWorkArea(),
+                 locks: MemoryLockTable())
 }
 
 // MARK: - Metadata

@@ -80,7 +80,8 @@ final class ConcurrencyTests: XCTestCase {
         let shared = makeMemoryStore()
         // Each writer has its own work area, as each daemon has its own folder.
         func writer() throws -> UbiquityFileSystem {
-            try UbiquityFileSystem(store: BackingStore(metadata: shared.metadata, blobs: shared.blobs, work: MemoryWorkArea()),
+            try UbiquityFileSystem(store: BackingStore(metadata: shared.metadata, blobs: shared.blobs, work: MemoryWorkArea(),
+                                                       locks: shared.locks),
                                    containers: Sample.all, view: .drive)
         }
         let one = try writer(), two = try writer()

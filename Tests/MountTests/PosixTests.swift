@@ -441,6 +441,56 @@ final class PosixTests: MountTestCase {
                        ["flock busy", "lockf busy", "flock taken", "lockf taken"])
     }
 
+    /// POSIX lock rules the filesystem now decides itself: closing *any* descriptor of the file
+    /// drops the process's fcntl locks but not a flock lock of another open file description;
+    /// a process's exit drops everything; byte ranges conflict only where they overlap.
+    func testLockLifetimesFollowPOSIX() throws {
+        try mount()
+        let probe = """
+        import fcntl, sys
+        f = open("locked", "r+")
+        out = []
+        for what, start in (("lockf", 0), ("lockf", 50), ("flock", 0)):
+            try:
+                if what == "flock": fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                else: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, start)
+                out.append(f"{what}@{start} taken")
+            except OSError:
+                out.append(f"{what}@{start} busy")
+        print(", ".join(out))
+        """
+        let script = """
+        import fcntl, os, subprocess, sys
+        open("locked", "w").write("x" * 100)
+        probe = sys.argv[1]
+        def check(label):
+            print(label + ":", subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip())
+        f = open("locked", "r+")
+        fcntl.lockf(f, fcntl.LOCK_EX, 10, 0)
+        g = open("locked", "r+")
+        fcntl.flock(g, fcntl.LOCK_EX)
+        check("held")
+        other = os.open("locked", os.O_RDONLY)
+        os.close(other)
+        check("after closing another descriptor")
+        child = subprocess.Popen([sys.executable, "-c",
+            "import fcntl, sys; f = open('locked', 'r+'); fcntl.lockf(f, fcntl.LOCK_EX, 0, 0); print('child', flush=True); sys.stdin.readline()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        g.close()
+        child.stdout.readline()
+        check("a child holds the whole file")
+        child.kill(); child.wait()
+        check("after the child was killed")
+        """
+        let r = assertShell("python3 -c \(shellQuote(script)) \(shellQuote(probe))", cwd: docs("SugoiApp"))
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), [
+            "held: lockf@0 busy, lockf@50 taken, flock@0 busy",
+            "after closing another descriptor: lockf@0 taken, lockf@50 taken, flock@0 busy",
+            "a child holds the whole file: lockf@0 busy, lockf@50 busy, flock@0 taken",
+            "after the child was killed: lockf@0 taken, lockf@50 taken, flock@0 taken",
+        ], r.stderr)
+    }
+
     /// A listing taken before a rename must not make the kernel bind the old name to the moved
     /// file: creating the old name afterwards makes a new file and leaves the moved one alone.
     func testListingTakenBeforeARenameDoesNotBindTheOldName() throws {

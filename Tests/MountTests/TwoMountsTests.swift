@@ -167,4 +167,116 @@ final class TwoMountsTests: MountTestCase {
         try unmount(at: second)
         try unmount()
     }
+
+    /// flock and fcntl locks taken through one mount block conflicting ones through the other;
+    /// F_GETLK names a holder on this mount and gives pid 0 for one on the other; a waiter wakes
+    /// when the holder unlocks, gives up with EINTR on a signal, and gets the lock when the other
+    /// daemon is killed while its holder still holds it.
+    func testLocksAcrossTheMounts() throws {
+        try mount()
+        try mountSecond()
+        let a = docs("SugoiApp") + "/shared.db", b = second + "/SugoiApp/shared.db"
+        guard let text = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pidB = pid_t(text) else {
+            throw FixtureError("no daemon pid on the second mount")
+        }
+        let script = #"""
+        import fcntl, os, struct, subprocess, sys, time
+        a, b, pid_b = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        HOLD = """
+        import fcntl, sys
+        f = open(sys.argv[1], "r+")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.lockf(f, fcntl.LOCK_EX, 10, 0)
+        print("held", flush=True)
+        sys.stdin.readline()
+        fcntl.lockf(f, fcntl.LOCK_UN, 10, 0)
+        print("unlocked", flush=True)
+        sys.stdin.readline()
+        """
+        PROBE = """
+        import fcntl, struct, sys
+        f = open(sys.argv[1], "r+")
+        out = []
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB); out.append("flock taken")
+        except BlockingIOError:
+            out.append("flock busy")
+        try:
+            fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 5); out.append("lockf taken")
+        except OSError:
+            out.append("lockf busy")
+        got = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack("hhqqi4x", fcntl.F_RDLCK, 0, 0, 0, 0))
+        t, _, start, length, pid = struct.unpack("hhqqi4x", got)
+        kind = {fcntl.F_WRLCK: "write", fcntl.F_RDLCK: "read", fcntl.F_UNLCK: "none"}[t]
+        out.append(f"getlk {kind} {start}+{length} pid {'holder' if pid == int(sys.argv[2]) else pid}")
+        print(", ".join(out))
+        """
+        WAIT = """
+        import fcntl, signal, sys
+        f = open(sys.argv[1], "r+")
+        def alarm(*_): raise TimeoutError()
+        signal.signal(signal.SIGALRM, alarm)
+        signal.alarm(int(sys.argv[3]))
+        print("waiting", flush=True)
+        try:
+            if sys.argv[2] == "flock": fcntl.flock(f, fcntl.LOCK_EX)
+            else: fcntl.lockf(f, fcntl.LOCK_EX, 1, 5)
+            signal.alarm(0)
+            print("taken", flush=True)
+        except TimeoutError:
+            print("interrupted", flush=True)
+        """
+        def run(code, *args, **kw):
+            return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+        def line(p):
+            return p.stdout.readline().strip()
+        open(b, "w").write("x" * 100)
+        deadline = time.time() + 10
+        while not (os.path.exists(a) and os.path.getsize(a) == 100) and time.time() < deadline:
+            time.sleep(0.05)
+        holder = run(HOLD, b)
+        print("holder on B:", line(holder))
+        print("probe on A:", run(PROBE, a, holder.pid).communicate()[0].strip())
+        print("probe on B:", run(PROBE, b, holder.pid).communicate()[0].strip())
+        waiter = run(WAIT, a, "lockf", 20)
+        line(waiter)
+        time.sleep(0.5)
+        print("lockf waiter on A before the unlock:", "waiting" if waiter.poll() is None else "done")
+        holder.stdin.write("go\n"); holder.stdin.flush()
+        print("holder on B:", line(holder))
+        started = time.time()
+        print("lockf waiter on A:", line(waiter), "within 5 s" if time.time() - started < 5 else "late")
+        waiter.wait()
+        waiter = run(WAIT, a, "flock", 1)
+        line(waiter)
+        print("flock waiter on A, signalled:", line(waiter))
+        waiter.wait()
+        waiter = run(WAIT, a, "flock", 30)
+        line(waiter)
+        time.sleep(0.3)
+        os.kill(pid_b, 9)
+        started = time.time()
+        print("flock waiter on A when B's daemon dies:", line(waiter), "within 10 s" if time.time() - started < 10 else "late")
+        waiter.wait()
+        holder.kill()
+        holder.wait()
+        """#
+        let r = assertShell("python3 -c \(shellQuote(script)) \(shellQuote(a)) \(shellQuote(b)) \(pidB)", timeout: 90)
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), [
+            "holder on B: held",
+            "probe on A: flock busy, lockf busy, getlk write 0+10 pid 0",
+            "probe on B: flock busy, lockf busy, getlk write 0+10 pid holder",
+            "lockf waiter on A before the unlock: waiting",
+            "holder on B: unlocked",
+            "lockf waiter on A: taken within 5 s",
+            "flock waiter on A, signalled: interrupted",
+            "flock waiter on A when B's daemon dies: taken within 10 s",
+        ], r.stderr)
+        XCTAssertTrue(waitForExit(pidB, seconds: 10))
+        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
+            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
+        }
+        try unmount()
+    }
 }

@@ -12,6 +12,8 @@ protocol StoreFixture: AnyObject {
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws
     /// Another writer's connection to the same metadata (another daemon, later another device).
     func secondWriter() throws -> any MetadataStore
+    /// Another writer's lock table on the same store.
+    func secondLockTable() throws -> any LockTable
 }
 
 final class EmbeddedFixture: StoreFixture {
@@ -29,6 +31,8 @@ final class EmbeddedFixture: StoreFixture {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         return try SQLiteMetadataStore(path: directory + "/metadata.sqlite3")
     }
+
+    func secondLockTable() throws -> any LockTable { try LocalLockTable(directory: directory) }
 
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
         let path = try XCTUnwrap(store.blobs as? LocalBlobStore).path(of: ref.blob)
@@ -50,6 +54,7 @@ final class MemoryFixture: StoreFixture {
     var isOnDisk: Bool { false }
     func open() throws -> BackingStore { store }
     func secondWriter() throws -> any MetadataStore { store.metadata }
+    func secondLockTable() throws -> any LockTable { store.locks }
 
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
         var bytes = [UInt8](repeating: 0, count: Int(ref.length))

@@ -675,4 +675,74 @@ enum StoreSuite {
             XCTAssertFalse(names.contains { $0.count == 19 })  // "XX/<16 hex>"
         }
     }
+
+    // MARK: Locks
+
+    /// Two writers' lock tables on one store: POSIX ranges split, merge and conflict across them;
+    /// an owner never conflicts with itself; a holder in the same writer is named by pid.
+    static func posixLocksConflictAcrossWriters(_ f: StoreFixture) throws {
+        let store = try f.open()
+        let one = store.locks, two = try f.secondLockTable()
+        let a = LockOwner(writer: "one", id: 1, style: .posix)
+        let a2 = LockOwner(writer: "one", id: 2, style: .posix)
+        let b = LockOwner(writer: "two", id: 1, style: .posix)   // same kernel id, other writer
+        let r = { (s: Int64, n: Int64) in LockRange(start: s, length: n) }
+
+        XCTAssertTrue(try one.set(7, owner: a, mode: .write, range: r(0, 100), pid: 11))
+        XCTAssertTrue(try one.set(7, owner: a, mode: .read, range: r(50, 0), pid: 11), "own locks never conflict")
+        XCTAssertFalse(try two.set(7, owner: b, mode: .read, range: r(10, 1), pid: 99))
+        XCTAssertFalse(try two.set(7, owner: b, mode: .write, range: r(1_000_000, 1), pid: 99), "to the end of the file")
+        XCTAssertTrue(try two.set(8, owner: b, mode: .write, range: r(0, 0), pid: 99), "another node is free")
+        XCTAssertEqual(try two.test(7, owner: b, mode: .read, range: r(0, 10)),
+                       HeldLock(mode: .write, range: r(0, 50), pid: 0), "another writer's holder has no pid here")
+        XCTAssertNil(try two.test(7, owner: b, mode: .read, range: r(60, 10)), "read locks share")
+        XCTAssertEqual(try one.test(7, owner: a2, mode: .write, range: r(60, 10)),
+                       HeldLock(mode: .read, range: r(50, 0), pid: 11))
+        XCTAssertNil(try one.test(7, owner: a, mode: .write, range: r(0, 0)), "own locks are not reported")
+
+        // Unlocking the middle splits the write lock.
+        XCTAssertTrue(try one.set(7, owner: a, mode: nil, range: r(20, 10), pid: 11))
+        XCTAssertTrue(try two.set(7, owner: b, mode: .write, range: r(20, 10), pid: 99))
+        XCTAssertFalse(try two.set(7, owner: b, mode: .write, range: r(19, 1), pid: 99))
+        XCTAssertFalse(try one.set(7, owner: a2, mode: .read, range: r(25, 1), pid: 12))
+        XCTAssertEqual(try one.test(7, owner: a2, mode: .read, range: r(25, 1)),
+                       HeldLock(mode: .write, range: r(20, 10), pid: 0))
+
+        // Releasing all of an owner's locks (a close) frees everything it held.
+        one.release(7, owner: a)
+        XCTAssertTrue(try two.set(7, owner: b, mode: .write, range: r(0, 0), pid: 99))
+        XCTAssertTrue(try one.set(7, owner: a, mode: nil, range: r(0, 0), pid: 11), "unlocking nothing is fine")
+        two.release(7, owner: b)
+        two.release(8, owner: b)
+        XCTAssertTrue(try one.set(7, owner: a, mode: .write, range: r(0, 0), pid: 11))
+        XCTAssertTrue(try one.set(8, owner: a2, mode: .write, range: r(0, 0), pid: 12))
+        one.release(7, owner: a)
+        one.release(8, owner: a2)
+        if let local = one as? LocalLockTable { XCTAssertEqual(local.openDescriptors, 0) }
+        if let local = two as? LocalLockTable { XCTAssertEqual(local.openDescriptors, 0) }
+    }
+
+    /// `flock` locks: whole file, shared or exclusive, per open file description; a conversion
+    /// that fails leaves no lock (Linux's rule).
+    static func flockLocksConflictAcrossWriters(_ f: StoreFixture) throws {
+        let store = try f.open()
+        let one = store.locks, two = try f.secondLockTable()
+        let a = LockOwner(writer: "one", id: 1, style: .flock)
+        let b = LockOwner(writer: "two", id: 2, style: .flock)
+        let p = LockOwner(writer: "two", id: 2, style: .posix)
+        XCTAssertTrue(try one.set(3, owner: a, mode: .read, range: .wholeFile, pid: 1))
+        XCTAssertTrue(try two.set(3, owner: b, mode: .read, range: .wholeFile, pid: 2))
+        XCTAssertFalse(try two.set(3, owner: b, mode: .write, range: .wholeFile, pid: 2))
+        // b's failed conversion dropped its shared lock: a can now convert.
+        XCTAssertTrue(try one.set(3, owner: a, mode: .write, range: .wholeFile, pid: 1))
+        XCTAssertFalse(try two.set(3, owner: b, mode: .read, range: .wholeFile, pid: 2))
+        XCTAssertTrue(try two.set(3, owner: p, mode: .write, range: .wholeFile, pid: 2), "flock and fcntl locks are independent")
+        XCTAssertTrue(try one.set(3, owner: a, mode: nil, range: .wholeFile, pid: 1))
+        XCTAssertTrue(try two.set(3, owner: b, mode: .write, range: .wholeFile, pid: 2))
+        two.release(3, owner: b)
+        two.release(3, owner: p)
+        XCTAssertTrue(try one.set(3, owner: a, mode: .write, range: .wholeFile, pid: 1))
+        one.release(3, owner: a)
+        if let local = one as? LocalLockTable { XCTAssertEqual(local.openDescriptors, 0) }
+    }
 }

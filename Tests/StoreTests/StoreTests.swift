@@ -39,6 +39,49 @@ final class EmbeddedStoreTests: XCTestCase {
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
     func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
+    func testPosixLocksConflictAcrossWriters() throws { try StoreSuite.posixLocksConflictAcrossWriters(fixture) }
+    func testFlockLocksConflictAcrossWriters() throws { try StoreSuite.flockLocksConflictAcrossWriters(fixture) }
+
+    /// A daemon that goes (its table's descriptors close, as when it is killed) releases its
+    /// locks; lock files are cleared only by a table that finds itself the store's only user.
+    func testLocksOfAGoneWriterAreReleasedAndLockFilesCleared() throws {
+        let a = LockOwner(writer: "one", id: 1, style: .posix)
+        let f = LockOwner(writer: "one", id: 2, style: .flock)
+        let b = LockOwner(writer: "two", id: 1, style: .posix)
+        let g = LockOwner(writer: "two", id: 2, style: .flock)
+        var one: LocalLockTable? = try LocalLockTable(directory: fixture.directory)
+        var two: LocalLockTable? = try LocalLockTable(directory: fixture.directory)
+        XCTAssertTrue(try one!.set(5, owner: a, mode: .write, range: .wholeFile, pid: 1))
+        XCTAssertTrue(try one!.set(5, owner: f, mode: .write, range: .wholeFile, pid: 1))
+        XCTAssertFalse(try two!.set(5, owner: b, mode: .read, range: .wholeFile, pid: 2))
+        XCTAssertFalse(try two!.set(5, owner: g, mode: .read, range: .wholeFile, pid: 2))
+        one = nil
+        XCTAssertTrue(try two!.set(5, owner: b, mode: .write, range: .wholeFile, pid: 2))
+        XCTAssertTrue(try two!.set(5, owner: g, mode: .write, range: .wholeFile, pid: 2))
+        let lockFile = fixture.directory + "/locks/5"
+        XCTAssertTrue(FileManager.default.fileExists(atPath: lockFile))
+        let three = try LocalLockTable(directory: fixture.directory)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: lockFile), "kept while another table is open")
+        XCTAssertFalse(try three.set(5, owner: a, mode: .read, range: .wholeFile, pid: 3), "and its lock still holds")
+        two = nil
+        _ = three
+        let four = try LocalLockTable(directory: fixture.directory)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: lockFile), "three is still open")
+        _ = four
+    }
+
+    func testALoneLockTableClearsLockFiles() throws {
+        do {
+            let one = try LocalLockTable(directory: fixture.directory)
+            XCTAssertTrue(try one.set(9, owner: LockOwner(writer: "w", id: 1, style: .posix), mode: .read,
+                                      range: .wholeFile, pid: 1))
+        }
+        XCTAssertTrue(FileManager.default.fileExists(atPath: fixture.directory + "/locks/9"))
+        _ = try LocalLockTable(directory: fixture.directory)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: fixture.directory + "/locks/9"))
+        let mode = try FileManager.default.attributesOfItem(atPath: fixture.directory + "/locks")[.posixPermissions] as? Int
+        XCTAssertEqual(mode, 0o700)
+    }
 
     // MARK: Embedded only
 
@@ -422,6 +465,8 @@ final class MemoryStoreTests: XCTestCase {
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
     func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
+    func testPosixLocksConflictAcrossWriters() throws { try StoreSuite.posixLocksConflictAcrossWriters(fixture) }
+    func testFlockLocksConflictAcrossWriters() throws { try StoreSuite.flockLocksConflictAcrossWriters(fixture) }
 
     // MARK: Memory only
 
