@@ -35,18 +35,22 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Pruning runs when a file has half as many again, so it costs one listing per many publishes.
     public var versionsToKeep = 64
 
+    /// Serializes every change to `state` (this writer's commits, other writers' batches). Its
+    /// holder reads `state` without `ns` (nobody else changes it), stages, commits to the store,
+    /// and takes `ns` for writing only to apply: lookups never wait for store I/O.
+    private let commits = Lock()
     private let ns = RWLock()
-    private let state: Namespace                      // guarded by ns
-    private let ids: IDPool                           // guarded by ns (write)
+    private let state: Namespace                      // written under commits + ns (write); read under either
+    private let ids: IDPool                           // guarded by commits
     /// What other writers changed since the change feed last asked (catch-ups inside `mutate`
     /// apply remote batches too).
-    private var pendingInvalidations: [KernelInvalidation] = []   // guarded by ns (write)
+    private var pendingInvalidations: [KernelInvalidation] = []   // guarded by commits
     /// Files whose current version another writer changed, for open documents to follow (done
-    /// by the change feed, which holds no document lock: lock order is document, then ns).
-    private var pendingRebases: Set<InodeNumber> = []   // guarded by ns (write)
+    /// by the change feed, which holds no document lock: lock order is document, then commits).
+    private var pendingRebases: Set<InodeNumber> = []   // guarded by commits
     /// This daemon as a writer of the store's change log.
     public let writerID: String
-    private var versionCounts: [InodeNumber: Int] = [:] // guarded by ns; filled on first publish
+    private var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
     private var active: [String: ContainerInfo] = [:] // guarded by ns
 
     private let docsLock = Lock()
@@ -180,7 +184,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 return true
             }
             guard reverted else { continue }
-            ns.write { state.chunks[n.ino] = good?.chunks }
             log("inode \(n.ino): version \(current) did not reach the disk before the daemon stopped; "
                 + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
         }
@@ -263,7 +266,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - locking helpers
 
-    /// Run `body` under the namespace write lock; commit what it staged; apply it to memory.
+    /// Stage with `body` over the namespace, commit what it staged, apply it to memory: all under
+    /// `commits`, with `ns` held (for writing) only to apply, so readers never wait for the store.
     ///
     /// Other writers share the store, so the batch carries what it read (`Namespace.expectations`).
     /// If another writer changed any of that first, the commit fails with a conflict: the model
@@ -272,9 +276,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     @discardableResult
     private func mutate<T>(durable: Bool = false, _ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
-        let result = try ns.write { () throws -> T in
+        let result = try commits.withLock { () throws -> T in
             var attempts = 0
             while true {
+                // `state` changes only under `commits`, so it is read here without `ns`.
                 var staging = Staging(state, ids: ids)
                 let result = try body(&staging)
                 if staging.mutations.isEmpty { return result }
@@ -291,7 +296,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 }
                 for (ino, count) in staging.versionCounts { versionCounts[ino] = count }
                 if seq == state.seq + 1 {
-                    applyLocked(batch.mutations, seq: seq, remote: false)
+                    applyCommitted([ChangeRecord(seq: seq, writer: writerID, mutations: batch.mutations)])
                 } else {
                     // Others committed in between: apply theirs and ours in log order. The batch
                     // is committed whatever happens here, so a failure to read the log must not
@@ -310,11 +315,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// the store kept changing under it, which no local race explains).
     static let conflictRetries = 16
 
-    /// Apply a committed batch to memory. `remote`: another writer's, so the version counts it
+    /// Apply one committed batch to memory. `remote`: another writer's, so the version counts it
     /// touches are no longer known (this writer's own are counted as it stages them). Caller
-    /// holds ns for writing.
-    private func applyLocked(_ mutations: [Mutation], seq: ChangeSeq, remote: Bool) {
-        state.apply(mutations, seq: seq)
+    /// holds commits and ns (write).
+    private func applyLocked(_ mutations: [Mutation], seq: ChangeSeq, remote: Bool, chunks: [VersionID: [ChunkRef]]) {
+        state.apply(mutations, seq: seq, chunks: chunks)
         for m in mutations {
             switch m {
             case .deleteNode(let ino): versionCounts[ino] = nil
@@ -325,42 +330,66 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Apply every batch other writers committed since this namespace's position. Caller holds
-    /// ns for writing.
+    /// Apply every batch committed since this namespace's position (other writers' and any of
+    /// this writer's it has not applied). Caller holds commits.
     private func catchUpLocked() throws {
         let records: [ChangeRecord]
         do { records = try store.metadata.changes(since: state.seq) } catch { throw FSError(error) }
-        applyRecordsLocked(records)
+        applyCommitted(records)
     }
 
-    /// Apply log records past the namespace's position, in order; note for the kernel what other
-    /// writers changed (`pendingInvalidations`, sent by the change feed). Caller holds ns (write).
-    private func applyRecordsLocked(_ records: [ChangeRecord]) {
-        // Without a change feed draining them (a model in a test), keep the newest only.
-        if pendingInvalidations.count > 100_000 { pendingInvalidations.removeFirst(50_000) }
-        for r in records where r.seq > state.seq {
-            let remote = r.writer != writerID
-            applyLocked(r.mutations, seq: r.seq, remote: remote)
-            for (ino, version) in state.missingChunks {
-                do { state.chunks[ino] = try store.metadata.version(version)?.chunks } catch {
-                    log("reading version \(version) of inode \(ino) failed: \(error)")
-                }
-            }
-            state.missingChunks.removeAll()
-            guard remote else { continue }
-            for m in r.mutations {
-                if case .putNode(let n) = m { pendingRebases.insert(n.ino) }
-                switch m {
-                case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))
-                case .deleteDirent(let parent, let name): pendingInvalidations.append(.entry(parent: parent, name: name)); pendingInvalidations.append(.node(parent))
-                case .putNode(let n): pendingInvalidations.append(.node(n.ino))
-                case .deleteNode(let ino): pendingInvalidations.append(.node(ino))
-                case .putXattr(let x): pendingInvalidations.append(.node(x.ino))
-                case .deleteXattr(let ino, _): pendingInvalidations.append(.node(ino))
-                default: break
+    /// Apply committed batches past the namespace's position, in log order, and note for the
+    /// kernel what other writers changed (`pendingInvalidations`, sent by the change feed).
+    /// Caller holds commits, not ns: the chunk lists the batches make current without carrying
+    /// them are read from the store first, so ns is held for writing only while memory changes.
+    private func applyCommitted(_ all: [ChangeRecord]) {
+        let records = all.filter { $0.seq > state.seq }
+        guard !records.isEmpty else { return }
+        let chunks = chunksNeeded(by: records)
+        ns.write {
+            // Without a change feed draining them (a model in a test), keep the newest only.
+            if pendingInvalidations.count > 100_000 { pendingInvalidations.removeFirst(50_000) }
+            for r in records {
+                let remote = r.writer != writerID
+                applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)
+                guard remote else { continue }
+                for m in r.mutations {
+                    if case .putNode(let n) = m { pendingRebases.insert(n.ino) }
+                    switch m {
+                    case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))
+                    case .deleteDirent(let parent, let name): pendingInvalidations.append(.entry(parent: parent, name: name)); pendingInvalidations.append(.node(parent))
+                    case .putNode(let n): pendingInvalidations.append(.node(n.ino))
+                    case .deleteNode(let ino): pendingInvalidations.append(.node(ino))
+                    case .putXattr(let x): pendingInvalidations.append(.node(x.ino))
+                    case .deleteXattr(let ino, _): pendingInvalidations.append(.node(ino))
+                    default: break
+                    }
                 }
             }
         }
+    }
+
+    /// The chunk lists of the versions `records` make current: from the batch when it carries
+    /// the version (a publish), else from the store (a revert, a restore). Caller holds commits,
+    /// so `state` is the namespace the records follow on from.
+    private func chunksNeeded(by records: [ChangeRecord]) -> [VersionID: [ChunkRef]] {
+        var current: [InodeNumber: VersionID?] = [:]
+        var out: [VersionID: [ChunkRef]] = [:]
+        for r in records {
+            var carried: [VersionID: [ChunkRef]] = [:]
+            for case .putVersion(let v) in r.mutations { carried[v.id] = v.chunks }
+            for case .putNode(let n) in r.mutations {
+                let before = current[n.ino] ?? state.nodes[n.ino]?.currentVersion
+                current[n.ino] = n.currentVersion
+                guard let v = n.currentVersion, v != before, out[v] == nil else { continue }
+                if let c = carried[v] { out[v] = c; continue }
+                do {
+                    if let found = try store.metadata.version(v) { out[v] = found.chunks }
+                    else { log("inode \(n.ino): its current version \(v) is not in the store") }
+                } catch { log("reading version \(v) of inode \(n.ino) failed: \(error)") }
+            }
+        }
+        return out
     }
 
     /// Apply what other writers (another view, another device) committed since the last look,
@@ -368,14 +397,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// second: the store is asked without the namespace lock, which is taken only to apply.
     @discardableResult
     public func catchUp() throws -> [KernelInvalidation] {
-        let (from, waiting) = ns.read { (state.seq, !pendingInvalidations.isEmpty || !pendingRebases.isEmpty) }
+        let from = ns.read { state.seq }
         let records: [ChangeRecord]
         do { records = try store.metadata.changes(since: from) } catch { throw FSError(error) }
-        guard !records.isEmpty || waiting else { return [] }
-        let (all, rebases) = ns.write { () -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
+        let (all, rebases) = commits.withLock { () -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
             // Records at or below the position were applied meanwhile (this writer's own commits
             // catch up too); the rest follow on from it with no gap.
-            applyRecordsLocked(records)
+            applyCommitted(records)
+            guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
             defer { pendingInvalidations = []; pendingRebases = [] }
             let open = docsLock.withLock { Set(docs.keys) }
             let rebases = pendingRebases.filter(open.contains).compactMap { ino in

@@ -25,11 +25,8 @@ final class Namespace: @unchecked Sendable {
     var seq: ChangeSeq = 0
     /// The commit that last put each node, for the batch expectations (`Expectation.nodeAt`).
     var nodeChanges: [InodeNumber: ChangeSeq] = [:]
-    /// Nodes whose new current version was not in the batch that made it current (a revert, a
-    /// restore): their chunk lists must be read from the store. Taken by the applier.
-    var missingChunks: [(ino: InodeNumber, version: VersionID)] = []
-    /// Versions put in the batch being applied, until a node takes one as current.
-    private var pendingVersions: [VersionID: [ChunkRef]] = [:]
+    /// Chunk lists of the versions the batch being applied makes current (read by the applier).
+    private var loadedChunks: [VersionID: [ChunkRef]] = [:]
 
     init() {}
 
@@ -50,9 +47,13 @@ final class Namespace: @unchecked Sendable {
     }
 
     /// Apply the batch the store committed as `seq` (this writer's or another's, in log order).
-    func apply(_ batch: [Mutation], seq: ChangeSeq) {
+    /// `chunks` holds the chunk list of every version the batch makes current (the applier reads
+    /// those the batch does not carry, such as a revert's, from the store beforehand, as no I/O
+    /// is done under the namespace lock).
+    func apply(_ batch: [Mutation], seq: ChangeSeq, chunks: [VersionID: [ChunkRef]]) {
+        loadedChunks = chunks
         for m in batch { apply(m, seq: seq) }
-        pendingVersions.removeAll()
+        loadedChunks = [:]
         self.seq = max(self.seq, seq)
     }
 
@@ -65,7 +66,8 @@ final class Namespace: @unchecked Sendable {
             maxIno = max(maxIno, n.ino)
             if n.kind == .directory, children[n.ino] == nil { children[n.ino] = [:] }
             if let v = n.currentVersion, v != old?.currentVersion {
-                if let c = pendingVersions[v] { chunks[n.ino] = c } else { missingChunks.append((n.ino, v)) }
+                // Missing only if the store could not say (logged by the applier).
+                if let c = loadedChunks[v] { chunks[n.ino] = c }
             }
             if n.currentVersion == nil { chunks[n.ino] = nil }
         case .deleteNode(let ino):
@@ -88,7 +90,6 @@ final class Namespace: @unchecked Sendable {
         case .deleteXattr(let ino, let name):
             xattrs[ino]?[name] = nil
         case .putVersion(let v):
-            pendingVersions[v.id] = v.chunks
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let c):
             containers[c.identifier] = c

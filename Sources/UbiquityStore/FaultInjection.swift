@@ -72,8 +72,45 @@ public final class FaultPlan: @unchecked Sendable {
         mutex.withLock { failures[operation, default: 0] }
     }
 
+    /// Make calls of `operation` wait, once counted, until `resume(operation)`: for tests of
+    /// what goes on while a store call is in progress.
+    public func hold(_ operation: FaultOperation) {
+        gate.lock()
+        held.insert(operation)
+        gate.unlock()
+    }
+
+    public func resume(_ operation: FaultOperation) {
+        gate.lock()
+        held.remove(operation)
+        gate.broadcast()
+        gate.unlock()
+    }
+
+    /// Calls of `operation` waiting in `hold` now.
+    public func waiting(_ operation: FaultOperation) -> Int {
+        gate.lock()
+        defer { gate.unlock() }
+        return waiters[operation, default: 0]
+    }
+
+    private let gate = NSCondition()
+    private var held: Set<FaultOperation> = []           // guarded by gate
+    private var waiters: [FaultOperation: Int] = [:]     // guarded by gate
+
+    private func waitIfHeld(_ operation: FaultOperation) {
+        gate.lock()
+        if held.contains(operation) {
+            waiters[operation, default: 0] += 1
+            while held.contains(operation) { gate.wait() }
+            waiters[operation, default: 0] -= 1
+        }
+        gate.unlock()
+    }
+
     /// Count a call of `operation`; throw if the plan says it fails. For wrappers.
     public func check(_ operation: FaultOperation) throws(StoreError) {
+        waitIfHeld(operation)
         if let (code, call) = decide(operation) {
             throw StoreError(errno: code, "injected fault: \(operation.rawValue) call #\(call)")
         }
@@ -81,7 +118,8 @@ public final class FaultPlan: @unchecked Sendable {
 
     /// Count a call of `operation`; the errno to fail it with, or nil.
     public func next(_ operation: FaultOperation) -> Int32? {
-        decide(operation)?.errno
+        waitIfHeld(operation)
+        return decide(operation)?.errno
     }
 
     private func decide(_ operation: FaultOperation) -> (errno: Int32, call: Int)? {

@@ -95,4 +95,59 @@ final class ConcurrencyTests: XCTestCase {
         let fresh = try writer()
         XCTAssertEqual(try tree(fresh, try fresh.ino("SugoiApp")), expected, "and the store agrees")
     }
+
+    /// A metadata commit in progress (a slow disk, a shared store far away) holds up no reader:
+    /// lookup, getattr and readdir answer from memory meanwhile, and see the change once it is
+    /// committed. The commit is held open by the fault plan, so nothing here depends on timing
+    /// (the 10 s limits only turn a stall into a failure instead of a hang).
+    func testReadersDoNotWaitForACommitInProgress() throws {
+        let plan = FaultPlan()
+        let fs = try UbiquityFileSystem(store: faultInjecting(makeMemoryStore(), plan: plan),
+                                        containers: Sample.all, view: .drive)
+        let docs = try fs.ino("SugoiApp")
+        _ = try fs.makeFile(docs, "old.txt", b("x"))
+        plan.hold(.commit)
+        let made = DispatchSemaphore(value: 0)
+        let result = ResultBox()
+        Thread {
+            do { result.set(try fs.mkdir(parent: docs, name: b("New"), mode: 0o755, caller: Caller(uid: 0, gid: 0)).ino) }
+            catch { result.fail(error) }
+            made.signal()
+        }.start()
+        let deadline = Date().addingTimeInterval(10)
+        while plan.waiting(.commit) == 0 && Date() < deadline { usleep(1_000) }
+        XCTAssertEqual(plan.waiting(.commit), 1, "the mkdir is committing")
+
+        let read = DispatchSemaphore(value: 0)
+        let seen = ResultBox()
+        Thread {
+            do {
+                let file = try fs.lookup(parent: docs, name: b("old.txt"))
+                _ = try fs.getattr(file.ino)
+                let handle = try fs.opendir(docs)
+                let names = try fs.readdir(handle: handle, offset: 0).map { String(decoding: $0.name, as: UTF8.self) }
+                fs.releasedir(handle: handle)
+                seen.set(UInt64(names.filter { $0 == "New" }.count))
+            } catch { seen.fail(error) }
+            read.signal()
+        }.start()
+        XCTAssertEqual(read.wait(timeout: .now() + 10), .success, "readers waited for the commit")
+        XCTAssertEqual(try seen.get(), 0, "the folder is not there before its commit")
+        plan.resume(.commit)
+        XCTAssertEqual(made.wait(timeout: .now() + 10), .success)
+        XCTAssertEqual(try fs.lookup(parent: docs, name: b("New")).ino, try result.get())
+    }
+}
+
+/// A value or an error handed back from another thread.
+final class ResultBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Result<UInt64, Error>?
+    func set(_ v: UInt64) { lock.lock(); value = .success(v); lock.unlock() }
+    func fail(_ e: Error) { lock.lock(); value = .failure(e); lock.unlock() }
+    func get() throws -> UInt64 {
+        lock.lock(); defer { lock.unlock() }
+        guard let value else { throw FSError(EIO, "no result") }
+        return try value.get()
+    }
 }
