@@ -8,14 +8,15 @@
 // All metadata lives in memory (`Namespace`), so `forget` has nothing to free and a node can
 // always be found by id while it exists.
 //
-// Consistency. Every namespace change runs under the namespace write lock: the operation reads
-// the namespace, stages its mutations, commits them to the metadata store in one transaction, and
-// only then applies them to memory. The commit is the linearization point; if it fails (full disk,
-// I/O error) memory is untouched and the caller gets the errno. Holding the lock across the commit
-// is deliberate: it keeps memory and store in the same order without a second queue. Lookups,
-// getattr and readdir take the lock shared and never do I/O under it.
+// Consistency. Every namespace change runs under `commits`, which serializes changes: the
+// operation reads the namespace, stages its mutations, commits them to the metadata store in one
+// transaction, and only then applies them to memory, taking the namespace lock (`ns`) for writing
+// just for that. The commit is the linearization point; if it fails (full disk, I/O error) memory
+// is untouched and the caller gets the errno. Serializing changes keeps memory and store in the
+// same order without a second queue. Lookups, getattr and readdir take `ns` shared, never do I/O
+// under it, and never wait for a commit.
 //
-// Lock order: Document.lock → ns (namespace) → docsLock. Never the reverse.
+// Lock order: Document.lock → commits → ns (namespace) → docsLock. Never the reverse.
 
 import Foundation
 import UbiquityStore

@@ -9,6 +9,12 @@
 // handles held open across steps (write/read/truncate/fsync/close through them), idle publish,
 // reopening the filesystem (clean), and a crash (the filesystem object is dropped with handles
 // open: held files fall back to what was last published).
+//
+// With a second writer (another daemon on the same store), about a third of the path operations
+// go through it instead, and a change-feed thread applies each writer's batches to the other
+// while operations run, as the daemons' change feeds do. (Operations through the second writer
+// keep off files the first holds open with changes of its own: what becomes of those is the
+// conflict handling's, which a single-file reference cannot express.)
 
 import Foundation
 import XCTest
@@ -193,6 +199,12 @@ final class ReferenceRun {
     var store: BackingStore!
     var fs: UbiquityFileSystem!
     var docs: UInt64 = 0
+    /// The second writer, if the run has one, and how to open its store (its own work area on
+    /// the same store).
+    let openSecond: (() throws -> BackingStore)?
+    var other: UbiquityFileSystem?
+    var otherDocs: UInt64 = 0
+    let feed = ChangeFeedThread()
     /// Handles held open across steps: fs handle and inode, model file id.
     var held: [(handle: UInt64, ino: UInt64, id: Int)] = []
     var history: [String] = []
@@ -200,9 +212,17 @@ final class ReferenceRun {
     var tally: [String: Int] = [:]
     static let names = ["a", "b", "c", "d", "e"]
 
-    init(seed: UInt64, container: ContainerInfo, steps: Int, openStore: (() throws -> BackingStore)? = nil) {
+    init(seed: UInt64, container: ContainerInfo, steps: Int, openStore: (() throws -> BackingStore)? = nil,
+         secondWriter: Bool = false) {
         let memory = makeMemoryStore()
         self.openStore = openStore ?? { memory }
+        if secondWriter {
+            openSecond = openStore ?? {
+                BackingStore(metadata: memory.metadata, blobs: memory.blobs, work: MemoryWorkArea(), locks: memory.locks)
+            }
+        } else {
+            openSecond = nil
+        }
         self.seed = seed
         self.container = container
         self.steps = steps
@@ -211,22 +231,64 @@ final class ReferenceRun {
     }
 
     private func open() throws {
-        fs = nil
-        store = nil   // the embedded store's lock is free once nothing holds it
-        store = try openStore()
-        fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        fs.idlePublishNanoseconds = 0
-        docs = try fs.ino(container.name)
+        // The feed thread lets go of the old filesystem before it goes (a crash drops it).
+        try feed.pausing {
+            fs = nil
+            store = nil   // the embedded store's lock is free once nothing holds it
+            store = try openStore()
+            fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+            fs.idlePublishNanoseconds = 0
+            docs = try fs.ino(container.name)
+            if let openSecond, other == nil {
+                let second = try UbiquityFileSystem(store: try openSecond(), containers: Sample.all, view: .drive, device: "other")
+                other = second
+                otherDocs = try second.ino(container.name)
+            }
+            feed.writers = [fs] + (other.map { [$0] } ?? [])
+        }
+    }
+
+    /// The writer an operation goes through, and its Documents folder.
+    private func writer(_ viaOther: Bool) -> (UbiquityFileSystem, UInt64) {
+        viaOther ? (other!, otherDocs) : (fs, docs)
+    }
+
+    /// Whether `op` may go through the second writer: a path operation that leaves alone the
+    /// files the first holds open (see the file's comment).
+    private func eligibleForOther(_ op: Operation) -> Bool {
+        let heldIDs = Set(held.map(\.id))
+        func isHeld(_ p: String) -> Bool {
+            if case .file(let id)? = model.node(p) { return heldIDs.contains(id) }
+            return false
+        }
+        switch op {
+        case .create(let p), .write(let p, _, _), .truncate(let p, _), .read(let p, _, _), .unlink(let p):
+            return !isHeld(p)
+        case .rename(_, let dst, let flags): return flags.contains(.exchange) || !isHeld(dst)
+        case .mkdir, .rmdir, .link: return true
+        default: return false
+        }
     }
 
     /// nil when the whole run matched; otherwise what went wrong, with seed, step and history.
     func run() -> String? {
         do { try open() } catch { return "seed \(seed): cannot open: \(error)" }
+        if other != nil { feed.start() }
+        defer {
+            feed.stop()
+            other = nil
+        }
         for step in 1...steps {
             let op = generate()
-            history.append("\(step): \(op)")
+            // Drawn only in runs with a second writer, so single-writer seeds keep their sequences.
+            let viaOther = other != nil && eligibleForOther(op) && rng.chance(35)
+            history.append("\(step): \(op)" + (viaOther ? " (through the second writer)" : ""))
             let expected = applyToModel(op)
-            let got = applyToFS(op)
+            let (w, wDocs) = writer(viaOther)
+            // What the change feed would have applied by now (a lookup walks this writer's view).
+            do { try w.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
+            let got = applyToFS(op, on: w, docs: wDocs)
+            if viaOther { tally["through the second writer", default: 0] += 1 }
             tally[expected.description.hasSuffix(")") ? "data" : expected.description, default: 0] += 1
             if expected != got {
                 return report(step, op, "expected \(expected), got \(got)")
@@ -236,7 +298,16 @@ final class ReferenceRun {
             case .reopen, .crash: full = true
             default: full = step % 15 == 0 || step == steps
             }
-            if let problem = compareTrees(contents: full) { return report(step, op, problem) }
+            do { try fs.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
+            if let problem = compareTrees(contents: full, on: fs, docs: docs) { return report(step, op, problem) }
+            // The second writer sees the same, once nothing is held open here with changes it
+            // cannot see yet.
+            if let other, full, held.isEmpty {
+                do { try other.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
+                if let problem = compareTrees(contents: true, on: other, docs: otherDocs) {
+                    return report(step, op, "through the second writer: " + problem)
+                }
+            }
         }
         for h in held { try? fs.release(handle: h.handle) }
         fs = nil
@@ -491,30 +562,34 @@ final class ReferenceRun {
 
     // MARK: the filesystem
 
-    private func walkParent(_ p: String) throws -> (UInt64, [UInt8]) {
+    private func walkParent(_ p: String, _ fs: UbiquityFileSystem, _ docs: UInt64) throws -> (UInt64, [UInt8]) {
         var cur = docs
         let parts = ReferenceModel.parts(p)
         for c in parts.dropLast() { cur = try fs.lookup(parent: cur, name: b(c)).ino }
         return (cur, b(parts.last!))
     }
 
-    private func resolve(_ p: String) throws -> Attributes {
-        let (parent, name) = try walkParent(p)
-        return try fs.lookup(parent: parent, name: name)
-    }
-
-    private func readAll(_ h: UInt64, _ offset: Int, _ count: Int) throws -> [UInt8] {
+    private func readAll(_ fs: UbiquityFileSystem, _ h: UInt64, _ offset: Int, _ count: Int) throws -> [UInt8] {
         var out = [UInt8](repeating: 0xee, count: count)
         let n = try out.withUnsafeMutableBytes { try fs.read(handle: h, offset: UInt64(offset), into: $0) }
         return Array(out[0..<n])
     }
 
-    private func writeAll(_ h: UInt64, _ bytes: [UInt8], _ offset: Int) throws {
+    private func writeAll(_ fs: UbiquityFileSystem, _ h: UInt64, _ bytes: [UInt8], _ offset: Int) throws {
         let n = try bytes.withUnsafeBytes { try fs.write(handle: h, offset: UInt64(offset), bytes: $0) }
         if n != bytes.count { throw FSError(EIO, "short write \(n) of \(bytes.count)") }
     }
 
-    private func applyToFS(_ op: Operation) -> Outcome {
+    /// Apply `op` through writer `fs` (whose Documents folder is `docs`); handles held across
+    /// steps are always the first writer's.
+    private func applyToFS(_ op: Operation, on fs: UbiquityFileSystem, docs: UInt64) -> Outcome {
+        func walkParent(_ p: String) throws -> (UInt64, [UInt8]) { try self.walkParent(p, fs, docs) }
+        func resolve(_ p: String) throws -> Attributes {
+            let (parent, name) = try walkParent(p)
+            return try fs.lookup(parent: parent, name: name)
+        }
+        func readAll(_ h: UInt64, _ offset: Int, _ count: Int) throws -> [UInt8] { try self.readAll(fs, h, offset, count) }
+        func writeAll(_ h: UInt64, _ bytes: [UInt8], _ offset: Int) throws { try self.writeAll(fs, h, bytes, offset) }
         do {
             switch op {
             case .create(let p):
@@ -591,15 +666,13 @@ final class ReferenceRun {
                 }
                 let failures = fs.publishAll()
                 if !failures.isEmpty { throw failures[0] }
-                fs = nil
                 try open()
                 return .ok
             case .crash:
                 let dropped = held
                 held = []
                 for h in dropped { model.collect(h.id, held: 0) }
-                fs = nil   // kill -9: no release, no publishAll
-                try open()
+                try open()   // drops the old one first. kill -9: no release, no publishAll
                 return .ok
             }
         } catch {
@@ -611,7 +684,7 @@ final class ReferenceRun {
 
     /// Compare the whole tree under Documents: names, kinds, file sizes, link counts, hard-link
     /// identity; with `contents`, every file's bytes too. nil when equal.
-    private func compareTrees(contents: Bool) -> String? {
+    private func compareTrees(contents: Bool, on fs: UbiquityFileSystem, docs: UInt64) -> String? {
         var seen: [String: Attributes] = [:]
         func walk(_ ino: UInt64, _ prefix: String) throws {
             for name in try fs.names(ino) {
@@ -696,6 +769,29 @@ final class ReferenceModelTests: XCTestCase {
         }
     }
 
+    /// Two writers on one store (two daemons): a third of the path operations go through the
+    /// second, while a change-feed thread applies each one's batches to the other.
+    func testRandomOperationsMatchTheModelWithASecondWriter() {
+        for seed in Self.seeds.prefix(10) {
+            if let problem = ReferenceRun(seed: seed ^ 0x2_0000, container: Sample.sugoi, steps: 300,
+                                          secondWriter: true).run() {
+                XCTFail(problem)
+            }
+        }
+    }
+
+    /// The same with two daemons on one embedded store folder, each with its own work area.
+    func testRandomOperationsMatchTheModelWithASecondWriterOverTheEmbeddedStore() throws {
+        for seed: UInt64 in [0xe_2b01, 0xe_2b02] {
+            let directory = FileManager.default.temporaryDirectory
+                .appendingPathComponent("fstests-reference-\(UUID().uuidString)").path
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let run = ReferenceRun(seed: seed, container: Sample.sugoi, steps: 300,
+                                   openStore: { try openEmbeddedStore(directory: directory) }, secondWriter: true)
+            if let problem = run.run() { XCTFail(problem) }
+        }
+    }
+
     /// Levels One: mkdir below level 1 and renames that put a folder tree past it are EPERM in
     /// the model too.
     func testRandomOperationsMatchTheModelInLevelOneContainer() {
@@ -704,5 +800,74 @@ final class ReferenceModelTests: XCTestCase {
                 XCTFail(problem)
             }
         }
+    }
+}
+
+/// The daemons' change feeds in a test: applies each writer's store changes to the others (by
+/// `catchUp`) in a loop on a thread of its own, while operations run on the test's thread.
+final class ChangeFeedThread: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var current: [UbiquityFileSystem] = []   // guarded by condition
+    private var running = false                      // guarded by condition
+    private var busy = false                         // guarded by condition
+    private var paused = 0                           // guarded by condition
+    private var thread: Thread?
+
+    var writers: [UbiquityFileSystem] {
+        get { condition.lock(); defer { condition.unlock() }; return current }
+        set { condition.lock(); current = newValue; condition.unlock() }
+    }
+
+    /// Run `body` while the thread holds no writer (it waits meanwhile).
+    func pausing(_ body: () throws -> Void) throws {
+        condition.lock()
+        paused += 1
+        while busy { condition.wait() }
+        current = []
+        condition.unlock()
+        defer {
+            condition.lock()
+            paused -= 1
+            condition.broadcast()
+            condition.unlock()
+        }
+        try body()
+    }
+
+    func start() {
+        condition.lock()
+        running = true
+        condition.unlock()
+        let t = Thread { [self] in
+            while true {
+                condition.lock()
+                while running && paused > 0 { condition.wait() }
+                guard running else { condition.unlock(); break }
+                busy = true
+                let ws = current
+                condition.unlock()
+                for w in ws { _ = try? w.catchUp() }
+                condition.lock()
+                busy = false
+                condition.broadcast()
+                condition.unlock()
+                usleep(200)
+            }
+            condition.lock()
+            thread = nil
+            condition.broadcast()
+            condition.unlock()
+        }
+        thread = t
+        t.start()
+    }
+
+    func stop() {
+        condition.lock()
+        running = false
+        condition.broadcast()
+        while thread != nil { condition.wait() }
+        current = []
+        condition.unlock()
     }
 }
