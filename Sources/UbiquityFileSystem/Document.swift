@@ -303,18 +303,18 @@ final class Document: @unchecked Sendable {
     /// Publish the working copy as a new version if it changed. `commit` records it (one
     /// metadata transaction) and returns the version id, or nil if the file no longer exists
     /// (then nothing is published). On failure nothing changes and the working copy is kept.
-    func publish(durable: Bool,
-                 commit: (_ chunks: [ChunkRef], _ size: UInt64, _ mtime: Int64, _ ctime: Int64, _ durable: Bool) throws -> VersionID?) throws {
+    /// `sync` (fsync, recovery) is the store's barrier, run after the commit and before the
+    /// working copy is deleted: if it fails, the version is published but the working copy stays
+    /// on disk, for recovery to publish again.
+    func publish(sync: (() throws -> Void)?,
+                 commit: (_ chunks: [ChunkRef], _ size: UInt64, _ mtime: Int64, _ ctime: Int64) throws -> VersionID?) throws {
         try lock.write {
             let st = stat()
             guard st.unpublished else { return }
             let chunks = try writeChunks(durable: false)
             let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
             do {
-                // Durable: the new version may reuse chunks of earlier versions published without
-                // fsync, so make every blob durable (one syncfs), not just the ones written now.
-                if durable { try store.blobs.syncAll() }
-                guard let id = try commit(chunks, st.size, st.mtime, st.ctime, durable) else {
+                guard let id = try commit(chunks, st.size, st.mtime, st.ctime) else {
                     // The file is gone: nothing refers to the chunks just written.
                     for blob in written { try? store.blobs.delete(blob) }
                     return
@@ -326,11 +326,15 @@ final class Document: @unchecked Sendable {
             }
             base = chunks
             dirty = []
-            work?.remove()
+            let published = work
             work = nil
             finished = false
             let allocated = allocatedBytes(chunks)
             statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
+            // A barrier covers every earlier chunk too (a new version may reuse chunks of
+            // versions published without one).
+            try sync?()
+            published?.remove()
         }
     }
 

@@ -83,29 +83,21 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         self.view = view
         self.device = device
         self.log = log
-        state = Namespace(snapshot: try snapshot ?? store.metadata.load())
+        let loaded = try snapshot ?? store.metadata.load()
+        state = Namespace(snapshot: loaded)
         ids = IDPool(store: store.metadata)
         writerID = "\(device) pid \(getpid()) \(UInt32.random(in: 0...UInt32.max))"
+        // The store repairs what a stop of the machine may have left (files whose content did not
+        // reach the disk go back to their last whole version) as batches of its change log.
+        for repair in try store.durability.begin(writer: writerID, snapshot: loaded) { log(repair) }
+        try commits.withLock { try catchUpLocked() }
         try register(containers)
         try removeOrphans()
-        try verifyAfterUncleanStop()
         try recoverWorkingCopies()
         try collectGarbage()
-        try mutate { s in s.add(.setMeta(key: runningKey, value: store.work.bootID)) }
-        syncedThrough = state.seq
     }
 
-    /// `running/<writer>` = the boot it runs in, from start to clean stop. A key of another boot
-    /// means the machine stopped under a writer (a power cut, a crash of the system).
-    var runningKey: String { Self.runningPrefix + writerID }
-    static let runningPrefix = "running/"
-    /// Every commit up to this change-log position has its content on disk.
-    static let syncedKey = "synced-seq"
-    /// The single-writer version's keys: `running` = "1" and `synced-version` (a version id).
-    static let legacyRunningKey = "running"
-    static let legacySyncedKey = "synced-version"
-    /// This writer's last sync commit: nothing new to sync while the log is not past it.
-    private var syncedThrough: ChangeSeq = 0   // guarded by syncLock
+    /// Guards the periodic tasks' clocks.
     private let syncLock = Lock()
     private var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
     private var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
@@ -154,48 +146,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    /// After a power cut, a version published without fsync may name blobs that never reached
-    /// the disk (blobs are written without fsync; see docs/ARCHITECTURE.md). Versions newer than
-    /// the last full sync are checked against their checksums; a file whose current version is
-    /// damaged goes back to its newest whole version. Nothing is checked after a clean stop.
-    private func verifyAfterUncleanStop() throws {
-        let boot = store.work.bootID
-        let (stale, legacy, synced, legacySynced, nodes) = ns.read {
-            (state.meta.filter { $0.key.hasPrefix(Self.runningPrefix) && $0.value != boot }.map(\.key),
-             state.meta[Self.legacyRunningKey] == "1",
-             ChangeSeq(state.meta[Self.syncedKey] ?? "0") ?? 0,
-             VersionID(state.meta[Self.legacySyncedKey] ?? "0") ?? 0,
-             state.nodes.values.filter { $0.kind == .regular && ($0.currentVersion ?? 0) > 0 }
-                .map { ($0, state.nodeChanges[$0.ino] ?? 0) })
-        }
-        guard !stale.isEmpty || legacy else { return }
-        for (n, change) in nodes {
-            guard let current = n.currentVersion, change > synced || (legacy && current > legacySynced) else { continue }
-            let chunks = ns.read { state.chunks[n.ino] ?? [] }
-            if chunks.allSatisfy({ store.blobs.verify($0) }) { continue }
-            let older = try store.metadata.versions(of: n.ino).filter { $0.id < current }.reversed()
-            let good = older.first { $0.chunks.allSatisfy { store.blobs.verify($0) } }
-            let reverted = try mutate { s -> Bool in
-                // Only if nobody published it since (another daemon verifying at once, or one
-                // that started after it and published).
-                guard var node = s.node(n.ino), node.currentVersion == current else { return false }
-                node.currentVersion = good?.id
-                node.size = good?.size ?? 0
-                s.put(node)
-                return true
-            }
-            guard reverted else { continue }
-            log("inode \(n.ino): version \(current) did not reach the disk before the daemon stopped; "
-                + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
-        }
-        // Verified: the writers that stopped with the machine are gone (only now: a failure
-        // above leaves the marks, so the next start verifies again).
-        try mutate { s in
-            for key in stale { s.add(.deleteMeta(key: key)) }
-            if legacy { s.add(.deleteMeta(key: Self.legacyRunningKey)) }
-        }
-    }
-
     /// Delete blobs no version refers to (deleted files, failed publishes) that were written
     /// more than `garbageGrace` ago: a younger one may be another writer's, written for a commit
     /// it has not made yet. Runs at start-up and every hour.
@@ -216,17 +166,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// How old an unreferenced blob must be before garbage collection deletes it.
     static let garbageGrace: Int64 = 10 * 60 * 1_000_000_000
 
-    /// Make everything published so far durable and record it, so that verification after a
-    /// power cut only checks what came later.
+    /// Make everything published so far durable (the store records it, so that its check after a
+    /// power cut covers only what came later).
     private func syncPublished() throws {
-        let upTo = ns.read { state.seq }
-        try store.blobs.syncAll()
-        try mutate(durable: true) { s in s.add(.setMeta(key: Self.syncedKey, value: String(upTo))) }
-        let after = ns.read { state.seq }
-        syncLock.withLock {
-            lastSync = monotonicNanoseconds()
-            syncedThrough = after
-        }
+        do { try store.durability.sync() } catch { throw FSError(error) }
+        syncLock.withLock { lastSync = monotonicNanoseconds() }
     }
 
     /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
@@ -252,8 +196,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 log("published inode \(node.ino), closed before the daemon stopped, as its current version")
                 continue
             }
-            try doc.publish(durable: true) { chunks, size, _, _, durable in
-                try self.mutate(durable: durable) { s in
+            try doc.publish(sync: { try self.store.durability.sync() }) { chunks, size, _, _ in
+                try self.mutate { s in
                     let id = try s.newVersion()
                     s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
                                                     chunks: chunks, origin: .recovered, device: self.device)))
@@ -275,7 +219,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// catches up from the change log and stages the operation again over the fresh state, where
     /// it succeeds or fails as a local race would (`EEXIST`, `ENOENT`, `ENOTEMPTY`, …).
     @discardableResult
-    private func mutate<T>(durable: Bool = false, _ body: (inout Staging) throws -> T) throws -> T {
+    private func mutate<T>(_ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
         let result = try commits.withLock { () throws -> T in
             var attempts = 0
@@ -289,7 +233,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                                   expecting: state.expectations(for: staging.mutations, unchanged: staging.unchanged),
                                   writer: writerID)
                 let seq: ChangeSeq
-                do throws(StoreError) { seq = try store.metadata.commit(batch, durable: durable) } catch {
+                do throws(StoreError) { seq = try store.metadata.commit(batch, durable: false) } catch {
                     guard error.kind == .conflict, attempts < Self.conflictRetries else { throw FSError(error) }
                     attempts += 1
                     try catchUpLocked()
@@ -1154,8 +1098,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if doc.hasUnpublishedChanges {
                 try publish(doc, durable: true)
             } else {
-                try store.blobs.syncAll()
-                try store.metadata.commit([], durable: true)
+                try store.durability.sync()
             }
         } catch { throw FSError(error) }
     }
@@ -1201,7 +1144,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// fsync on a folder: make every namespace change so far durable.
     public func fsyncDirectory() throws {
-        do { try store.metadata.commit([], durable: true) } catch { throw FSError(error) }
+        do { try store.durability.syncMetadata() } catch { throw FSError(error) }
     }
 
     private func publish(_ doc: Document, durable: Bool) throws {
@@ -1209,8 +1152,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         // last name goes while this publish runs, the commit below adds nothing and the
         // document deletes the chunks it wrote.
         if isNameless(doc.ino) { return }
-        try doc.publish(durable: durable) { chunks, size, mtime, ctime, durable in
-            try self.mutate(durable: durable) { s in
+        try doc.publish(sync: durable ? { try self.store.durability.sync() } : nil) { chunks, size, mtime, ctime in
+            try self.mutate { s in
                 guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
                 let id = try s.newVersion()
                 if n.currentVersion != doc.baseVersion {
@@ -1279,11 +1222,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 dropIfIdle(doc)
             } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
         }
-        // Every 30 s, one syncfs makes all versions published since durable.
-        let due = syncLock.withLock { now &- lastSync >= 30_000_000_000 }
-        let through = syncLock.withLock { syncedThrough }
-        let unsynced = ns.read { state.seq > through }
-        if due && unsynced {
+        // Every 30 s, a sync makes all versions published since durable (the store skips it when
+        // nothing was committed since).
+        if syncLock.withLock({ now &- lastSync >= 30_000_000_000 }) {
             do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
         }
         // Every 5 s, the working copies of daemons on this store that died meanwhile: a file
@@ -1327,7 +1268,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func stop() -> [FSError] {
         var failures = publishAll()
         if failures.isEmpty {
-            do { try mutate(durable: true) { s in s.add(.deleteMeta(key: runningKey)) } }
+            do { try store.durability.end(writer: writerID) }
             catch { failures.append(FSError(EIO, "recording the clean stop failed: \(error)")) }
         }
         return failures

@@ -405,8 +405,13 @@ public struct BackingStore: Sendable {
     public var blobs: any BlobStore
     public var work: any WorkArea
     public var locks: any LockTable
-    public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable) {
+    public var durability: any Durability
+    /// `durability` defaults to the local-disk machinery over these parts (`LocalDurability`);
+    /// a store whose commits are durable on their own passes its own.
+    public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable,
+                durability: (any Durability)? = nil) {
         self.metadata = metadata; self.blobs = blobs; self.work = work; self.locks = locks
+        self.durability = durability ?? LocalDurability(metadata: metadata, blobs: blobs, work: work)
     }
 }
 

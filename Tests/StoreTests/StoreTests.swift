@@ -470,6 +470,52 @@ final class MemoryStoreTests: XCTestCase {
 
     // MARK: Memory only
 
+    /// The local-disk durability: a sync makes content and commits durable and records how far;
+    /// after a power cut under a running writer, the next writer's start sends a file whose
+    /// current content did not reach the disk back to its last whole version, as a batch of the
+    /// change log, and clears the dead writer's mark.
+    func testDurabilityRepairsWhatAPowerCutLost() throws {
+        let store = fixture.store
+        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
+        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
+        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        XCTAssertEqual(try store.durability.begin(writer: "A", snapshot: try metadata.load()), [])
+        XCTAssertEqual(try metadata.load().meta[LocalDurability.runningKey("A")], work.bootID)
+
+        let first = try writeBlob(blobs, [1, 2, 3])
+        try metadata.commit([.putVersion(Sample.version(1, ino: 7, chunks: [first])),
+                             .putNode(Sample.node(7, size: 3, version: 1))], durable: false)
+        try store.durability.sync()
+        let synced = try metadata.load()
+        XCTAssertEqual(synced.meta[LocalDurability.syncedKey], String(synced.seq - 1), "synced through the commit before the mark")
+        let durableBefore = metadata.commitCounts.durable
+        try store.durability.sync()
+        XCTAssertEqual(metadata.commitCounts.durable, durableBefore, "nothing new: no durable commit")
+
+        // A second version whose commit reached the disk but whose chunk did not.
+        let second = try writeBlob(blobs, [4, 5, 6, 7])
+        try metadata.commit([.putVersion(Sample.version(2, ino: 7, chunks: [second])),
+                             .putNode(Sample.node(7, size: 4, version: 2))], durable: true)
+        metadata.simulatePowerCut()
+        blobs.simulatePowerCut()
+        work.simulatePowerCut()
+
+        let after = try metadata.load()
+        let repairs = try store.durability.begin(writer: "B", snapshot: after)
+        XCTAssertEqual(repairs.count, 1, "\(repairs)")
+        XCTAssertTrue(repairs.first?.contains("went back to version 1") ?? false, "\(repairs)")
+        let now = try metadata.load()
+        XCTAssertEqual(now.nodes.first { $0.ino == 7 }?.currentVersion, 1)
+        XCTAssertEqual(now.nodes.first { $0.ino == 7 }?.size, try metadata.version(1)?.size, "and the size of version 1")
+        XCTAssertNil(now.meta[LocalDurability.runningKey("A")], "the dead writer's mark is cleared once verified")
+        XCTAssertEqual(now.meta[LocalDurability.runningKey("B")], work.bootID)
+        let log = try metadata.changes(since: after.seq)
+        XCTAssertTrue(log.contains { $0.mutations.contains { if case .putNode(let n) = $0 { return n.ino == 7 && n.currentVersion == 1 }; return false } },
+                      "the revert is in the change log, for the other writers")
+        try store.durability.end(writer: "B")
+        XCTAssertNil(try metadata.load().meta[LocalDurability.runningKey("B")])
+    }
+
     func testSimulatedPowerCutKeepsOnlyWhatWasMadeDurable() throws {
         let store = fixture.store
         let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)

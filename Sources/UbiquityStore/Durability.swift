@@ -1,0 +1,128 @@
+// Durability: what makes commits survive a power cut, and what repairs the store after one. The
+// model sees only barriers (`sync`, `syncMetadata`) and a writer's start and clean stop; how a
+// store keeps its promise is its own. A store whose commits and content writes are durable on
+// their own (a database server, an object store) needs none of the machinery below.
+//
+// Stores on a local disk with a page cache (the embedded store, and the in-memory store, which
+// simulates that disk) commit and write content without fsync, for speed, and keep the promise
+// like this (`LocalDurability`):
+// - `running/<writer>` = the boot a writer runs in, from its start to its clean stop. A mark of
+//   another boot means the machine stopped under that writer (a power cut, a crash of the system).
+// - `synced-seq` = a change-log position up to which everything, content included, was made
+//   durable by a sync (one `syncfs` of the content, then a durable commit of the mark).
+// - At a writer's start after such a stop, every file whose current version was committed after
+//   the mark has its chunks checked against their checksums; a file whose content did not reach
+//   the disk goes back to its newest whole version. The reverts are ordinary batches of the
+//   change log (expecting the node unchanged, so a file another writer published since is left
+//   alone), so the model applies them as it applies any other writer's.
+// The single-writer version's marks (`running` = "1", `synced-version` = a version id) are read
+// the same way.
+
+import Foundation
+
+public protocol Durability: AnyObject, Sendable {
+    /// Start `writer` on the store whose state `snapshot` is: repair what an earlier stop of the
+    /// machine under running writers may have left (see above), then mark `writer` running.
+    /// Returns what was repaired, for the log; the repairs are in the change log after
+    /// `snapshot.seq`.
+    func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String]
+    /// A barrier: every commit so far, and every content chunk it names, is durable once this
+    /// returns (fsync of a file, the periodic sync, a clean stop).
+    func sync() throws(StoreError)
+    /// A barrier for the namespace only: every commit so far is durable (fsync of a folder).
+    func syncMetadata() throws(StoreError)
+    /// `writer` stops cleanly: everything is synced and its running mark removed.
+    func end(writer: String) throws(StoreError)
+}
+
+public final class LocalDurability: Durability, @unchecked Sendable {
+    public static let runningPrefix = "running/"
+    public static let syncedKey = "synced-seq"
+    static let legacyRunningKey = "running"
+    static let legacySyncedKey = "synced-version"
+
+    private let metadata: any MetadataStore
+    private let blobs: any BlobStore
+    private let work: any WorkArea
+    // `mutex` serializes syncs and guards `syncedThrough`.
+    private let mutex = StoreMutex()
+    /// The last position this writer synced through: nothing to do while the log is not past it.
+    private var syncedThrough: ChangeSeq = -1
+
+    public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea) {
+        self.metadata = metadata
+        self.blobs = blobs
+        self.work = work
+    }
+
+    public static func runningKey(_ writer: String) -> String { runningPrefix + writer }
+
+    /// The change log's position now (an empty batch commits nothing and returns it).
+    private func position() throws(StoreError) -> ChangeSeq {
+        try metadata.commit(Batch([]), durable: false)
+    }
+
+    public func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String] {
+        var repairs: [String] = []
+        let boot = work.bootID
+        let stale = snapshot.meta.filter { $0.key.hasPrefix(Self.runningPrefix) && $0.value != boot }.map(\.key)
+        let legacy = snapshot.meta[Self.legacyRunningKey] == "1"
+        if !stale.isEmpty || legacy {
+            let synced = ChangeSeq(snapshot.meta[Self.syncedKey] ?? "0") ?? 0
+            let legacySynced = VersionID(snapshot.meta[Self.legacySyncedKey] ?? "0") ?? 0
+            var current: [VersionID: VersionRecord] = [:]
+            for v in snapshot.currentVersions { current[v.id] = v }
+            for n in snapshot.nodes where n.kind == .regular {
+                guard let version = n.currentVersion, version > 0 else { continue }
+                let change = snapshot.nodeChanges[n.ino] ?? 0
+                guard change > synced || (legacy && version > legacySynced) else { continue }
+                if (current[version]?.chunks ?? []).allSatisfy({ blobs.verify($0) }) { continue }
+                let older = try metadata.versions(of: n.ino).filter { $0.id < version }.reversed()
+                let good = older.first { $0.chunks.allSatisfy { blobs.verify($0) } }
+                var node = n
+                node.currentVersion = good?.id
+                node.size = good?.size ?? 0
+                do {
+                    try metadata.commit(Batch([.putNode(node)], expecting: [.nodeAt(ino: n.ino, change: change)],
+                                              writer: writer), durable: false)
+                } catch {
+                    // Published again since (another writer verifying at once, or one that
+                    // started after the stop and published): that content stands.
+                    if error.kind == .conflict { continue }
+                    throw error
+                }
+                repairs.append("inode \(n.ino): version \(version) did not reach the disk before the machine stopped; "
+                               + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
+            }
+            // Verified: the writers that stopped with the machine are gone (only now: a failure
+            // above leaves the marks, so the next start verifies again).
+            var done: [Mutation] = stale.map { .deleteMeta(key: $0) }
+            if legacy { done.append(.deleteMeta(key: Self.legacyRunningKey)) }
+            try metadata.commit(Batch(done, writer: writer), durable: true)
+        }
+        try metadata.commit(Batch([.setMeta(key: Self.runningKey(writer), value: boot)], writer: writer), durable: true)
+        return repairs
+    }
+
+    public func sync() throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            let upTo = try position()
+            if upTo <= syncedThrough { return }   // this writer's last sync covered it
+            // Content first (one syncfs makes every chunk written so far durable, whichever
+            // version names it), then the mark, whose durable commit syncs every earlier commit.
+            try blobs.syncAll()
+            let after = try metadata.commit(Batch([.setMeta(key: Self.syncedKey, value: String(upTo))]), durable: true)
+            syncedThrough = after
+        }
+    }
+
+    public func syncMetadata() throws(StoreError) {
+        // A durable commit of an empty batch is the metadata store's barrier.
+        try metadata.commit(Batch([]), durable: true)
+    }
+
+    public func end(writer: String) throws(StoreError) {
+        try sync()
+        try metadata.commit(Batch([.deleteMeta(key: Self.runningKey(writer))], writer: writer), durable: true)
+    }
+}
