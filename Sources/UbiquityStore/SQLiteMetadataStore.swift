@@ -5,8 +5,8 @@
 // last commits). `commit(_, durable: true)` switches that one transaction to `synchronous=FULL`,
 // which makes SQLite fsync the WAL when the transaction commits — and since the WAL is appended in
 // order, that one fsync also makes every earlier commit durable. A durable commit of an empty
-// batch has nothing to write, so it runs `PRAGMA wal_checkpoint(PASSIVE)` instead, which fsyncs
-// the WAL (and the database) as a barrier for the earlier non-durable commits.
+// batch writes one small row under `synchronous=FULL`, as a barrier for the earlier commits (a
+// passive WAL checkpoint would sync nothing while a reader pins the WAL, yet return success).
 //
 // Schema (version 1): `store_meta` holds the store's own keys (schema_version and the high-water
 // marks max_ino / max_version, so deleted ids are never reused); `meta` holds the model's keys
