@@ -41,7 +41,7 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--keep-versions N] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--keep-versions N] [--cache-seconds S] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
@@ -50,6 +50,7 @@ let mountCommand = Subcommand(
         ("--foreground", "stay in the foreground and log to stderr too"),
         ("--apply-manifest-changes", "apply container settings edited without raising CFBundleVersion"),
         ("--keep-versions=", "published versions kept per file, newest first (default 64, at least 2)"),
+        ("--cache-seconds=", "how long the kernel caches names and attributes (default 10, 0 to 3600)"),
         ("--ready-fd=", "(internal) descriptor to report readiness on"),
     ],
     positionals: 1...1,
@@ -64,6 +65,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let keep = p.value("--keep-versions"), (Int(keep) ?? 0) < 2 {
         throw UsageError(message: "--keep-versions needs a number of at least 2")
+    }
+    if let seconds = p.value("--cache-seconds"), !(Double(seconds).map { $0 >= 0 && $0 <= 3600 } ?? false) {
+        throw UsageError(message: "--cache-seconds needs a number of seconds from 0 to 3600")
     }
     if let fd = p.value("--ready-fd") {
         guard let n = Int32(fd) else { throw UsageError(message: "--ready-fd needs a number") }
@@ -184,7 +188,8 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     if let keep = p.value("--keep-versions").flatMap({ Int($0) }) { fs.versionsToKeep = keep }
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
     let session: FuseSession
-    do { session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, log: log) } catch {
+    let cacheSeconds = p.value("--cache-seconds").flatMap { Double($0) } ?? FuseSession.defaultCacheSeconds
+    do { session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, cacheSeconds: cacheSeconds, log: log) } catch {
         report("ubiquityfs mount: \(error)")
         return ExitCode.failure
     }

@@ -193,6 +193,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if leftover.finished && leftover.intact && leftover.base == node.currentVersion {
                 // Durable, as every publish below: the working copy is deleted once this commits.
                 try publish(doc, durable: true)
+                // A change no kernel request made: the kernel may hold the old size and times.
+                commits.withLock { pendingInvalidations.append(.node(node.ino)) }
                 log("published inode \(node.ino), closed before the daemon stopped, as its current version")
                 continue
             }

@@ -9,15 +9,14 @@ import Foundation
 import UbiquityFileSystem
 import UbiquityStore
 
-/// Attribute and entry cache time given to the kernel. All changes go through this mount, so the
-/// kernel's cache stays right; kept short until the shared store brings kernel invalidation.
-let cacheSeconds = 1.0
-
 final class Bridge: @unchecked Sendable {
     let fs: UbiquityFileSystem
     let log: @Sendable (String) -> Void
-    init(fs: UbiquityFileSystem, log: @escaping @Sendable (String) -> Void) {
+    /// How long the kernel may keep names and attributes without asking again.
+    let cacheSeconds: Double
+    init(fs: UbiquityFileSystem, cacheSeconds: Double, log: @escaping @Sendable (String) -> Void) {
         self.fs = fs
+        self.cacheSeconds = cacheSeconds
         self.log = log
     }
 }
@@ -79,7 +78,7 @@ private func statOf(_ a: Attributes) -> stat {
     return st
 }
 
-private func entryOf(_ a: Attributes) -> fuse_entry_param {
+private func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_param {
     var e = fuse_entry_param()
     e.ino = fuse_ino_t(a.ino)
     e.generation = 1
@@ -91,7 +90,7 @@ private func entryOf(_ a: Attributes) -> fuse_entry_param {
 
 /// Reply with an entry; the kernel now holds one more reference to the node (until `forget`).
 private func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
-    var e = entryOf(a)
+    var e = entryOf(a, bridge(req).cacheSeconds)
     let fs = bridge(req).fs
     fs.remember(a.ino)
     if fuse_reply_entry(req, &e) != 0 { fs.forget(a.ino, count: 1) }
@@ -99,7 +98,7 @@ private func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
 
 private func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
     var st = statOf(a)
-    fuse_reply_attr(req, &st, cacheSeconds)
+    fuse_reply_attr(req, &st, bridge(req).cacheSeconds)
 }
 
 private func fileHandle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> UInt64 { fi?.pointee.fh ?? 0 }
@@ -223,7 +222,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             let (attrs, handle) = try bridge(req).fs.create(parent: parent, name: name(cname), mode: UInt32(mode),
                                                             flags: fi.pointee.flags, caller: caller(req))
             fi.pointee.fh = handle
-            var e = entryOf(attrs)
+            var e = entryOf(attrs, bridge(req).cacheSeconds)
             bridge(req).fs.remember(attrs.ino)
             if fuse_reply_create(req, &e, fi) != 0 {
                 bridge(req).fs.forget(attrs.ino, count: 1)
@@ -454,7 +453,7 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
                 if plus {
                     var e = fuse_entry_param()
                     if !isDot, let a = try? b.fs.lookup(parent: ino, name: entry.name), a.ino == entry.ino {
-                        e = entryOf(a)
+                        e = entryOf(a, b.cacheSeconds)
                         counted = a.ino
                     } else {
                         // "." and "..", or a name that changed since opendir's snapshot: list it
@@ -488,15 +487,22 @@ public final class FuseSession: @unchecked Sendable {
     public let mountpoint: String
     private var mounted = false
 
+    /// How long the kernel keeps names and attributes by default. Changes through this mount
+    /// reach the kernel's cache as the kernel makes them; other writers' changes are invalidated
+    /// by the change feed within about 0.1 s; so the time bounds only how stale the cache can get
+    /// while the store's change log cannot be read.
+    public static let defaultCacheSeconds = 10.0
+
     /// Create the session and mount it. `options` are `-o` options (e.g. "allow_other", "ro").
     public init(fs: UbiquityFileSystem, mountpoint: String, options: [String],
+                cacheSeconds: Double = FuseSession.defaultCacheSeconds,
                 log: @escaping @Sendable (String) -> Void) throws {
         self.mountpoint = mountpoint
         let all = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"] + options
         let words: [String] = ["ubiquityfs", "-o", all.joined(separator: ",")]
         var argv: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) }
         defer { argv.forEach { free($0) } }
-        let ref = Unmanaged.passRetained(Bridge(fs: fs, log: log))
+        let ref = Unmanaged.passRetained(Bridge(fs: fs, cacheSeconds: cacheSeconds, log: log))
         bridgeRef = ref
         var ops = makeOperations()
         let made: OpaquePointer? = argv.withUnsafeMutableBufferPointer { p in
