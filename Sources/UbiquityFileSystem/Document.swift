@@ -11,7 +11,8 @@
 // readers of the store (and other machines, later) see the previous whole version.
 //
 // Locking: `lock` (readers-writer) guards everything below it. A Document's lock may be held while
-// taking the namespace lock (publish commits); never the other way round. `opens` is guarded by
+// taking the filesystem's `commits` and namespace locks (publish commits); never the other way
+// round. `opens` is guarded by
 // the filesystem's `docsLock`; size, times and the change counters are also guarded by
 // `statLock` so that getattr (under the namespace lock) can read them: both are innermost locks,
 // held for no I/O. Those fields change only under `lock` held for writing *and* `statLock`.
@@ -306,11 +307,14 @@ final class Document: @unchecked Sendable {
     /// `sync` (fsync, recovery) is the store's barrier, run after the commit and before the
     /// working copy is deleted: if it fails, the version is published but the working copy stays
     /// on disk, for recovery to publish again.
-    func publish(sync: (() throws -> Void)?,
+    /// `removeLater`, if given, takes the published working copy instead of deleting it, for a
+    /// caller that syncs many publishes at once (a clean stop) and deletes them after.
+    func publish(sync: (() throws -> Void)?, removeLater: ((any WorkFile) -> Void)? = nil,
                  commit: (_ chunks: [ChunkRef], _ size: UInt64, _ mtime: Int64, _ ctime: Int64) throws -> VersionID?) throws {
         try lock.write {
             let st = stat()
-            guard st.unpublished else { return }
+            // Published meanwhile (an idle publish, without a barrier): the barrier is still owed.
+            guard st.unpublished else { try sync?(); return }
             let chunks = try writeChunks(durable: false)
             let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
             do {
@@ -334,7 +338,9 @@ final class Document: @unchecked Sendable {
             // A barrier covers every earlier chunk too (a new version may reuse chunks of
             // versions published without one).
             try sync?()
-            published?.remove()
+            if let published {
+                if let removeLater { removeLater(published) } else { published.remove() }
+            }
         }
     }
 

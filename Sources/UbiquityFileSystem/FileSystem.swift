@@ -52,7 +52,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
-    private var active: [String: ContainerInfo] = [:] // guarded by ns
+    private var active: [String: ContainerInfo] = [:] // written once, in init; read under ns or commits
 
     private let docsLock = Lock()
     private var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
@@ -368,7 +368,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and
-    /// of pruned versions. Caller holds ns for writing.
+    /// of pruned versions. Caller holds commits.
     private func blobsFreed(by staging: Staging) throws -> Set<BlobID> {
         var movedAway: Set<InodeNumber> = []
         var deletedVersions: Set<VersionID> = []
@@ -1149,12 +1149,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         do { try store.durability.syncMetadata() } catch { throw FSError(error) }
     }
 
-    private func publish(_ doc: Document, durable: Bool) throws {
+    private func publish(_ doc: Document, durable: Bool, removeLater: ((any WorkFile) -> Void)? = nil) throws {
         // A nameless file is never published (it is deleted once nothing refers to it). If its
         // last name goes while this publish runs, the commit below adds nothing and the
         // document deletes the chunks it wrote.
         if isNameless(doc.ino) { return }
-        try doc.publish(sync: durable ? { try self.store.durability.sync() } : nil) { chunks, size, mtime, ctime in
+        try doc.publish(sync: durable ? { try self.store.durability.sync() } : nil, removeLater: removeLater) { chunks, size, mtime, ctime in
             try self.mutate { s in
                 guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
                 let id = try s.newVersion()
@@ -1184,7 +1184,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// Count the version being added to `ino`; past the retention limit (plus slack), stage the
     /// deletion of the oldest published versions and note the blobs only they used.
-    /// Caller holds ns for writing (inside `mutate`).
+    /// Caller holds commits (inside `mutate`).
     private func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
         let keep = max(versionsToKeep, 2)
         let count: Int
@@ -1252,16 +1252,24 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     @discardableResult
     public func publishAll() -> [FSError] {
         var failures: [FSError] = []
+        // One sync for all of them; each working copy is deleted only once its version is durable.
+        var published: [any WorkFile] = []
         for doc in docsLock.withLock({ Array(docs.values) }) where doc.hasUnpublishedChanges {
             do {
-                try publish(doc, durable: false)
+                try publish(doc, durable: false, removeLater: { published.append($0) })
                 dropIfIdle(doc)
             } catch {
                 failures.append(FSError(error))
                 log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
             }
         }
-        do { try syncPublished() } catch { failures.append(FSError(error)) }
+        do {
+            try syncPublished()
+            for work in published { work.remove() }
+        } catch {
+            failures.append(FSError(error))
+            log("the final sync failed; \(published.count) published working copies are kept for recovery: \(error)")
+        }
         return failures
     }
 

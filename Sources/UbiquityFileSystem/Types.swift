@@ -153,7 +153,8 @@ final class Lock: @unchecked Sendable {
 }
 
 /// A readers-writer lock (pthread_rwlock: no spinning). Readers: lookups, getattr, readdir.
-/// Writers: every namespace change, held across the metadata commit (see FileSystem.swift).
+/// Writers: applying committed namespace changes to memory, never across store I/O (see
+/// FileSystem.swift).
 /// The lock lives in memory of its own (a pthread lock must not move, and `&` on a stored
 /// property does not promise a stable address), prefers writers (glibc's default lets a stream
 /// of readers starve a writer), and every pthread call is checked: a failure is a bug.

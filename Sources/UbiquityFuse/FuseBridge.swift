@@ -413,9 +413,14 @@ private func setLock(_ req: fuse_req_t?, _ ino: fuse_ino_t, owner: UInt64, style
         } else if let mode, wait {
             // A fuse_req_t is a pointer libfuse keeps valid until the one reply.
             let request = UnsafeSendable(req)
+            let log = bridge(req).log
+            let op = style == .posix ? "setlk" : "flock"
             fs.waitForLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid,
                            interrupted: { fuse_req_interrupted(request.value) != 0 },
-                           done: { fuse_reply_err(request.value, $0) })
+                           done: { code in
+                               if code != 0 && code != EINTR { log("\(op) node \(ino): \(errnoName(code)) while waiting") }
+                               fuse_reply_err(request.value, code)
+                           })
         } else {
             fuse_reply_err(req, EAGAIN)
         }

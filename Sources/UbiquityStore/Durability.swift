@@ -112,7 +112,9 @@ public final class LocalDurability: Durability, @unchecked Sendable {
             // version names it), then the mark, whose durable commit syncs every earlier commit.
             try blobs.syncAll()
             let after = try metadata.commit(Batch([.setMeta(key: Self.syncedKey, value: String(upTo))]), durable: true)
-            syncedThrough = after
+            // Commits that landed during the syncfs may name chunks it did not cover: only with
+            // none in between does the mark's own position count as synced.
+            syncedThrough = after == upTo + 1 ? after : upTo
         }
     }
 

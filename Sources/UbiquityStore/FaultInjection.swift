@@ -72,7 +72,7 @@ public final class FaultPlan: @unchecked Sendable {
         mutex.withLock { failures[operation, default: 0] }
     }
 
-    /// Make calls of `operation` wait, once counted, until `resume(operation)`: for tests of
+    /// Make calls of `operation` wait, before they are counted, until `resume(operation)`: for tests of
     /// what goes on while a store call is in progress.
     public func hold(_ operation: FaultOperation) {
         gate.lock()
@@ -142,7 +142,8 @@ public final class FaultPlan: @unchecked Sendable {
     }
 }
 
-/// Wraps `store` so that its calls fail as `plan` says.
+/// Wraps `store` so that its calls fail as `plan` says. Its durability is the local-disk one over
+/// the wrapped parts (replacing the store's own), so that its commits and syncs meet the faults.
 public func faultInjecting(_ store: BackingStore, plan: FaultPlan) -> BackingStore {
     BackingStore(metadata: FaultInjectingMetadataStore(store.metadata, plan: plan),
                  blobs: FaultInjectingBlobStore(store.blobs, plan: plan),

@@ -35,9 +35,11 @@ public final class LocalLockTable: LockTable, @unchecked Sendable {
     /// `<store>/locks`.
     public let directory: String
     private let folderLock: Int32
+    /// Keeps the store's shared lock held while this part of the store is open.
     private let storeLock: StoreLock?
-    // `mutex` guards `held`. It is held across the (non-blocking) lock calls, so one owner's
-    // descriptor and ranges change together.
+    // `mutex` guards `held`. It is held across the lock calls (never blocking ones) and the
+    // `open` of a lock file, so one owner's descriptor and ranges change together; lock requests
+    // are rare next to reads and writes, and the longest wait behind it is one file creation.
     private let mutex = StoreMutex()
     private var held: [Key: Held] = [:]
 
@@ -164,9 +166,11 @@ public final class LocalLockTable: LockTable, @unchecked Sendable {
             let found = HeldLock(mode: fl.l_type == Int16(F_WRLCK) ? .write : .read,
                                  range: LockRange(start: Int64(fl.l_start), length: Int64(fl.l_len)), pid: 0)
             let r = found.range
-            // Name the holder when it is one of this daemon's owners.
+            // Name the holder when it is one of this daemon's owners: one of them holding exactly
+            // the lock the kernel reported (a holder elsewhere may overlap a local one).
             for (k, h) in held where k.node == node && k.owner != owner && k.owner.style == .posix {
-                if let s = h.segments.conflict(with: mode, start: r.start, end: r.end), s.mode == found.mode {
+                if let s = h.segments.conflict(with: mode, start: r.start, end: r.end), s.mode == found.mode,
+                   s.start == r.start, s.end == r.end {
                     return HeldLock(mode: found.mode, range: r, pid: h.segments.pid)
                 }
             }

@@ -122,10 +122,6 @@ struct LockSegments: Sendable, Equatable {
 /// The lock table of the in-memory store: the whole table in this process, shared by every model
 /// opened on the same `MemoryStore` parts (as two daemons share an embedded store's table).
 public final class MemoryLockTable: LockTable, @unchecked Sendable {
-    private struct Key: Hashable {
-        var node: InodeNumber
-        var owner: LockOwner
-    }
     // `mutex` guards `posix` and `flocks`.
     private let mutex = StoreMutex()
     private var posix: [InodeNumber: [LockOwner: LockSegments]] = [:]

@@ -27,7 +27,7 @@ final class LockTests: XCTestCase {
         store = nil
     }
 
-    /// Answers of waiting requests, in the order they came.
+    /// The answer each waiting request got, by name.
     final class Answers: @unchecked Sendable {
         private let condition = NSCondition()
         private var got: [String: Int32] = [:]

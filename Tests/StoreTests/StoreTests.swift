@@ -60,14 +60,18 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertTrue(try two!.set(5, owner: g, mode: .write, range: .wholeFile, pid: 2))
         let lockFile = fixture.directory + "/locks/5"
         XCTAssertTrue(FileManager.default.fileExists(atPath: lockFile))
-        let three = try LocalLockTable(directory: fixture.directory)
+        var three: LocalLockTable? = try LocalLockTable(directory: fixture.directory)
         XCTAssertTrue(FileManager.default.fileExists(atPath: lockFile), "kept while another table is open")
-        XCTAssertFalse(try three.set(5, owner: a, mode: .read, range: .wholeFile, pid: 3), "and its lock still holds")
+        XCTAssertFalse(try three!.set(5, owner: a, mode: .read, range: .wholeFile, pid: 3), "and its lock still holds")
         two = nil
-        _ = three
-        let four = try LocalLockTable(directory: fixture.directory)
+        var four: LocalLockTable? = try LocalLockTable(directory: fixture.directory)
         XCTAssertTrue(FileManager.default.fileExists(atPath: lockFile), "three is still open")
-        _ = four
+        XCTAssertNotNil(four)
+        three = nil
+        four = nil
+        let alone = try LocalLockTable(directory: fixture.directory)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: lockFile), "cleared by a table that is alone")
+        withExtendedLifetime(alone) {}
     }
 
     func testALoneLockTableClearsLockFiles() throws {
@@ -514,6 +518,36 @@ final class MemoryStoreTests: XCTestCase {
                       "the revert is in the change log, for the other writers")
         try store.durability.end(writer: "B")
         XCTAssertNil(try metadata.load().meta[LocalDurability.runningKey("B")])
+    }
+
+    /// A commit that lands while a sync's syncfs runs may name chunks the syncfs missed: the next
+    /// sync must not count it as synced already.
+    func testACommitDuringASyncIsSyncedByTheNext() throws {
+        let plan = FaultPlan()
+        let store = faultInjecting(fixture.store, plan: plan)
+        let metadata = try XCTUnwrap(fixture.store.metadata as? MemoryMetadataStore)
+        _ = try store.durability.begin(writer: "A", snapshot: try store.metadata.load())
+        try store.metadata.commit([.putNode(Sample.node(3))], durable: false)
+        plan.hold(.syncAll)
+        let done = DispatchSemaphore(value: 0)
+        Thread {
+            try? store.durability.sync()
+            done.signal()
+        }.start()
+        let deadline = Date().addingTimeInterval(10)
+        while plan.waiting(.syncAll) == 0 && Date() < deadline { usleep(1_000) }
+        XCTAssertEqual(plan.waiting(.syncAll), 1)
+        let late = try writeBlob(store.blobs, [9, 9])
+        try store.metadata.commit([.putVersion(Sample.version(4, ino: 3, chunks: [late])),
+                                   .putNode(Sample.node(3, size: 2, version: 4))], durable: false)
+        plan.resume(.syncAll)
+        XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
+        let syncsBefore = plan.callCount(.syncAll)
+        try store.durability.sync()
+        XCTAssertEqual(plan.callCount(.syncAll), syncsBefore + 1, "the late commit's chunks are synced now")
+        let durableBefore = metadata.commitCounts.durable
+        try store.durability.sync()
+        XCTAssertEqual(metadata.commitCounts.durable, durableBefore, "and then nothing is left to sync")
     }
 
     func testSimulatedPowerCutKeepsOnlyWhatWasMadeDurable() throws {
