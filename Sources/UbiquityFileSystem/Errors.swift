@@ -24,6 +24,7 @@ public struct FSError: Error, CustomStringConvertible, Sendable, Equatable {
             // EHOSTUNREACH would read as the mount itself being gone.
             errno = EIO
         case .corrupt: errno = EIO
+        case .trimmed: errno = EIO   // the model reloads instead; reaching a caller is a bug
         case .noSpace: errno = error.errno == EDQUOT ? EDQUOT : ENOSPC
         case .notFound, .io: errno = error.errno   // the system's own answer (ENOENT, EFBIG, EINVAL, …)
         }

@@ -150,6 +150,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// more than `garbageGrace` ago: a younger one may be another writer's, written for a commit
     /// it has not made yet. Runs at start-up and every hour.
     func collectGarbage() throws {
+        do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {
+            log("trimming the store's change log failed: \(error)")
+        }
         let cutoff = nowNanoseconds() - Self.garbageGrace
         let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
         guard !candidates.isEmpty else { return }
@@ -281,9 +284,36 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// this writer's it has not applied). Caller holds commits.
     private func catchUpLocked() throws {
         let records: [ChangeRecord]
-        do { records = try store.metadata.changes(since: state.seq) } catch { throw FSError(error) }
+        do { records = try store.metadata.changes(since: state.seq) } catch {
+            if error.kind == .trimmed { return try reloadLocked() }
+            throw FSError(error)
+        }
         applyCommitted(records)
     }
+
+    /// The change log no longer reaches back to this namespace's position (this daemon was
+    /// stopped for long, say on a suspended machine, while others wrote): load the store's state
+    /// again and note for the kernel and for open documents everything that differs. Caller
+    /// holds commits.
+    private func reloadLocked() throws {
+        let snapshot: StoreSnapshot
+        do { snapshot = try store.metadata.load() } catch { throw FSError(error) }
+        let fresh = Namespace(snapshot: snapshot)
+        let (invalidations, changed) = state.differences(to: fresh)
+        ns.write {
+            state.replace(with: fresh)
+            versionCounts = [:]
+            pendingInvalidations += invalidations
+            pendingRebases.formUnion(changed)
+        }
+        log("the store's change log no longer reaches back to this daemon's position; loaded the namespace again "
+            + "(\(changed.count) nodes differed)")
+    }
+
+    /// Change-log records kept when the log is trimmed (at start and every hour). A daemon
+    /// further behind than this reloads its namespace; a running one is never more than a tenth
+    /// of a second behind.
+    static let changeLogKept = 100_000
 
     /// Apply committed batches past the namespace's position, in log order, and note for the
     /// kernel what other writers changed (`pendingInvalidations`, sent by the change feed).
@@ -345,12 +375,16 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     @discardableResult
     public func catchUp() throws -> [KernelInvalidation] {
         let from = ns.read { state.seq }
-        let records: [ChangeRecord]
-        do { records = try store.metadata.changes(since: from) } catch { throw FSError(error) }
-        let (all, rebases) = commits.withLock { () -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
+        var records: [ChangeRecord] = []
+        var trimmed = false
+        do { records = try store.metadata.changes(since: from) } catch {
+            guard error.kind == .trimmed else { throw FSError(error) }
+            trimmed = true
+        }
+        let (all, rebases) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
             // Records at or below the position were applied meanwhile (this writer's own commits
             // catch up too); the rest follow on from it with no gap.
-            applyCommitted(records)
+            if trimmed { try catchUpLocked() } else { applyCommitted(records) }
             guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
             defer { pendingInvalidations = []; pendingRebases = [] }
             let open = docsLock.withLock { Set(docs.keys) }

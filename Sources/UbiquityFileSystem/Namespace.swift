@@ -47,6 +47,40 @@ final class Namespace: @unchecked Sendable {
         nodeChanges = snapshot.nodeChanges
     }
 
+    /// Take every table of `other` (a namespace loaded again from the store).
+    func replace(with other: Namespace) {
+        nodes = other.nodes
+        children = other.children
+        parent = other.parent
+        xattrs = other.xattrs
+        chunks = other.chunks
+        containers = other.containers
+        meta = other.meta
+        maxIno = other.maxIno
+        maxVersion = other.maxVersion
+        seq = other.seq
+        nodeChanges = other.nodeChanges
+    }
+
+    /// What the kernel may hold that `other` changes: the names that differ (and their
+    /// folders), the nodes that differ; and those nodes.
+    func differences(to other: Namespace) -> ([KernelInvalidation], Set<InodeNumber>) {
+        var out: [KernelInvalidation] = []
+        var changed: Set<InodeNumber> = []
+        for (ino, n) in nodes where other.nodes[ino] != n || other.xattrs[ino] != xattrs[ino] || other.chunks[ino] != chunks[ino] {
+            out.append(.node(ino))
+            changed.insert(ino)
+        }
+        for (ino, _) in other.nodes where nodes[ino] == nil { changed.insert(ino) }
+        for (folder, names) in children {
+            let theirs = other.children[folder] ?? [:]
+            guard names != theirs else { continue }
+            out.append(.node(folder))
+            for (name, child) in names where theirs[name] != child { out.append(.entry(parent: folder, name: name)) }
+        }
+        return (out, changed)
+    }
+
     /// Apply the batch the store committed as `seq` (this writer's or another's, in log order).
     /// `chunks` holds the chunk list of every version the batch makes current (the applier reads
     /// those the batch does not carry, such as a revert's, from the store beforehand, as no I/O

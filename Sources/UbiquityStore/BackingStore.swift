@@ -34,6 +34,9 @@ public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
         case noSpace
         /// Stored data is damaged (a malformed row, a blob that does not match its checksum).
         case corrupt
+        /// The change log no longer holds the changes asked for (it was trimmed past them): the
+        /// caller loads a snapshot again instead.
+        case trimmed
         /// Any other failure; `errno` says which.
         case io
     }
@@ -58,7 +61,7 @@ public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
         case .unavailable: errno = EHOSTUNREACH
         case .notFound: errno = ENOENT
         case .noSpace: errno = ENOSPC
-        case .corrupt, .io: errno = EIO
+        case .corrupt, .trimmed, .io: errno = EIO
         }
     }
     public var description: String { "\(message) (errno \(errno): \(String(cString: strerror(errno))))" }
@@ -279,6 +282,9 @@ public protocol MetadataStore: AnyObject, Sendable {
     func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq
     /// The batches committed after `seq`, oldest first.
     func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord]
+    /// Drop all but the newest `count` change-log records, so the log does not grow forever. A
+    /// writer further behind than that gets `.trimmed` from `changes(since:)` and reloads.
+    func trimChanges(keepingLast count: Int) throws(StoreError)
     /// Reserve `count` inode numbers (never handed out again, to anyone).
     func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber>
     /// Reserve `count` version ids.

@@ -10,7 +10,7 @@ import Glibc
 /// The store calls a `FaultPlan` can fail.
 public enum FaultOperation: String, Sendable, CaseIterable {
     // MetadataStore
-    case load, commit, changes, reserve, versions, version
+    case load, commit, changes, trim, reserve, versions, version
     // BlobStore (`blobVerify`: a fault makes `verify` return false)
     case blobWrite, blobRead, blobDelete, syncAll, blobVerify
     // WorkArea and WorkFile
@@ -168,6 +168,11 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
     public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
         try plan.check(.commit)
         return try wrapped.commit(batch, durable: durable)
+    }
+
+    public func trimChanges(keepingLast count: Int) throws(StoreError) {
+        try plan.check(.trim)
+        try wrapped.trimChanges(keepingLast: count)
     }
 
     public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {

@@ -34,7 +34,9 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         var maxIno: InodeNumber = 0
         var maxVersion: VersionID = 0
         var nodeChanges: [InodeNumber: ChangeSeq] = [:]
+        /// Records after `trimmedThrough`: record n is at index n - trimmedThrough - 1.
         var log: [ChangeRecord] = []
+        var trimmedThrough: ChangeSeq = 0
         var seq: ChangeSeq = 0
     }
 
@@ -154,10 +156,27 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
-        mutex.withLock {
-            // Sequence numbers are dense here: record n is at index n - 1.
-            let from = max(0, Int(seq))
+        try mutex.withLock { () throws(StoreError) -> [ChangeRecord] in
+            if seq < state.trimmedThrough {
+                throw StoreError(.trimmed, "memory store: the change log was trimmed through \(state.trimmedThrough), past \(seq)")
+            }
+            // Sequence numbers are dense here.
+            let from = max(0, Int(seq - state.trimmedThrough))
             return from < state.log.count ? Array(state.log[from...]) : []
+        }
+    }
+
+    public func trimChanges(keepingLast count: Int) throws(StoreError) {
+        mutex.withLock {
+            let drop = state.log.count - count
+            guard drop > 0 else { return }
+            state.log.removeFirst(drop)
+            state.trimmedThrough += ChangeSeq(drop)
+            // A trim is durable at once here (in the embedded store it is a commit of its own;
+            // only its durability, not what it keeps, matters to a power cut).
+            let cut = state.trimmedThrough
+            durableState.log.removeAll { $0.seq <= cut }
+            durableState.trimmedThrough = max(durableState.trimmedThrough, cut)
         }
     }
 

@@ -528,6 +528,13 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
         try mutex.withLock { () throws(StoreError) -> [ChangeRecord] in
             var result: [ChangeRecord] = []
+            // One read transaction: the trim mark and the rows from one state of the database.
+            try run("BEGIN")
+            defer { try? run("COMMIT") }
+            let trimmed = try trimmedThrough()
+            if seq < trimmed {
+                throw StoreError(.trimmed, "\(path): the change log was trimmed through \(trimmed), past \(seq)")
+            }
             try run("SELECT seq, writer, batch FROM changes WHERE seq > ?1 ORDER BY seq",
                     bind: { b throws(StoreError) in try b.int(1, seq) },
                     row: { (r) throws(StoreError) in
@@ -537,6 +544,31 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 result.append(ChangeRecord(seq: r.int(0), writer: r.text(1), mutations: mutations))
             })
             return result
+        }
+    }
+
+    private func trimmedThrough() throws(StoreError) -> ChangeSeq {
+        var trimmed: ChangeSeq = 0
+        try run("SELECT value FROM store_meta WHERE key = 'trimmed_through'", row: { r in trimmed = r.int(0) })
+        return trimmed
+    }
+
+    public func trimChanges(keepingLast count: Int) throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            try run("BEGIN IMMEDIATE")
+            do throws(StoreError) {
+                let cut = try lastSeq() - ChangeSeq(count)
+                if cut > (try trimmedThrough()) {
+                    try run("DELETE FROM changes WHERE seq <= ?1") { b throws(StoreError) in try b.int(1, cut) }
+                    try run("INSERT OR REPLACE INTO store_meta(key, value) VALUES('trimmed_through', ?1)") { b throws(StoreError) in
+                        try b.int(1, cut)
+                    }
+                }
+                try run("COMMIT")
+            } catch {
+                rollbackIfNeeded()
+                throw error
+            }
         }
     }
 

@@ -80,6 +80,39 @@ final class SeveralWritersTests: XCTestCase {
         assertBytes(try one.contents("SugoiApp/Report.txt"), b("from bdraft"), "written over from offset 0")
     }
 
+    /// A writer that fell further behind than the trimmed change log (a daemon stopped for long)
+    /// loads the namespace again and still tells the kernel what changed, and an open document
+    /// with no changes of its own follows the other's publish.
+    func testAWriterBehindATrimmedLogReloads() throws {
+        let docs = try one.ino("SugoiApp")
+        let keep = try one.makeFile(docs, "keep.txt", b("old"))
+        try one.makeFile(docs, "gone.txt", b("x"))
+        try two.catchUp()
+        let held = try two.open(keep, flags: O_RDONLY)
+        try one.writeFile(keep, b("new content"))
+        try one.unlink(parent: docs, name: b("gone.txt"))
+        let d = try one.mkdir(parent: docs, name: b("Drafts"), mode: 0o755, caller: alice).ino
+        try one.makeFile(d, "inside.txt", b("in"))
+        try store.metadata.trimChanges(keepingLast: 1)
+
+        let changes = try two.catchUp()
+        XCTAssertEqual(try tree(two), try tree(one), "reloaded whole")
+        for expected: KernelInvalidation in [.entry(parent: docs, name: b("gone.txt")), .node(docs), .node(keep)] {
+            XCTAssertTrue(changes.contains(expected), "\(expected) in \(changes)")
+        }
+        var out = [UInt8](repeating: 0, count: 32)
+        let n = try out.withUnsafeMutableBytes { try two.read(handle: held, offset: 0, into: $0) }
+        XCTAssertEqual(Array(out[0..<n]), b("new content"), "the open document followed")
+        try two.release(handle: held)
+        // And it goes on from there with the log as usual.
+        try one.makeFile(docs, "after.txt", b("a"))
+        try two.catchUp()
+        XCTAssertEqual(try tree(two), try tree(one))
+        try two.makeFile(docs, "from-two.txt", b("b"))
+        try one.catchUp()
+        XCTAssertEqual(try tree(one), try tree(two))
+    }
+
     func testTheSameNameMadeByBothGetsEEXISTOnTheSecond() throws {
         let docs = try one.ino("SugoiApp")
         let mine = try one.makeFile(docs, "x.txt", b("from a"))

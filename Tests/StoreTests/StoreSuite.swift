@@ -676,6 +676,33 @@ enum StoreSuite {
         }
     }
 
+    /// Trimming keeps the newest records; asking for what was trimmed is a `.trimmed` error (the
+    /// caller reloads), never a silent gap; sequence numbers go on from where they were.
+    static func trimmedChangeLogSaysSo(_ f: StoreFixture) throws {
+        var seqs: [ChangeSeq] = []
+        do {
+            let m = try f.open().metadata
+            for i in 1...5 {
+                seqs.append(try m.commit(Batch([.setMeta(key: "k", value: "\(i)")], writer: "A"), durable: false))
+            }
+            try m.trimChanges(keepingLast: 10)
+            XCTAssertEqual(try m.changes(since: 0).count, 5, "nothing to trim yet")
+            try m.trimChanges(keepingLast: 2)
+            XCTAssertEqual(try m.changes(since: seqs[2]).map(\.seq), [seqs[3], seqs[4]])
+            XCTAssertEqual(try m.changes(since: seqs[4]), [])
+            let error = assertStoreError(EIO) { try m.changes(since: seqs[1]) }
+            XCTAssertEqual(error?.kind, .trimmed)
+            XCTAssertEqual(try m.load().meta["k"], "5", "the state is whole")
+            try m.trimChanges(keepingLast: 2)
+            XCTAssertEqual(try m.changes(since: seqs[2]).count, 2, "trimming again keeps what it kept")
+        }
+        let m = try f.open().metadata
+        XCTAssertEqual(assertStoreError(EIO) { try m.changes(since: 0) }?.kind, .trimmed, "after a reopen too")
+        XCTAssertEqual(try m.commit(Batch([.setMeta(key: "k", value: "6")]), durable: false), seqs[4] + 1)
+        XCTAssertEqual(try m.changes(since: seqs[4]).map(\.seq), [seqs[4] + 1])
+    }
+
+    // MARK: Locks
     // MARK: Locks
 
     /// Two writers' lock tables on one store: POSIX ranges split, merge and conflict across them;

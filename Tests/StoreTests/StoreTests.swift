@@ -35,6 +35,7 @@ final class EmbeddedStoreTests: XCTestCase {
     func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
     func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
     func testChangeLogResumesWithNoGap() throws { try StoreSuite.changeLogResumesWithNoGap(fixture) }
+    func testTrimmedChangeLogSaysSo() throws { try StoreSuite.trimmedChangeLogSaysSo(fixture) }
     func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
@@ -465,6 +466,7 @@ final class MemoryStoreTests: XCTestCase {
     func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
     func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
     func testChangeLogResumesWithNoGap() throws { try StoreSuite.changeLogResumesWithNoGap(fixture) }
+    func testTrimmedChangeLogSaysSo() throws { try StoreSuite.trimmedChangeLogSaysSo(fixture) }
     func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
     func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
     func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
