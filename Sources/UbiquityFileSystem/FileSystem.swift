@@ -52,7 +52,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     private var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
-    private var active: [String: ContainerInfo] = [:] // written once, in init; read under ns or commits
+    /// What this view shows and allows; set once, in init (it names the active containers).
+    private var policy: ViewPolicy
 
     private let docsLock = Lock()
     private var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
@@ -83,6 +84,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         self.view = view
         self.device = device
         self.log = log
+        var active: [String: ContainerInfo] = [:]
+        for c in containers where c.active { active[c.identifier] = c }
+        policy = ViewPolicy(view: view, active: active)
         let loaded = try snapshot ?? store.metadata.load()
         state = Namespace(snapshot: loaded)
         ids = IDPool(store: store.metadata)
@@ -131,9 +135,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                                              rootIno: rootIno)
                 if s.base.containers[c.identifier] != record { s.add(.putContainer(record)) }
             }
-        }
-        ns.write {
-            for c in containers where c.active { active[c.identifier] = c }
         }
     }
 
@@ -438,89 +439,24 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                           atime: now, mtime: now, ctime: now, btime: now, rdev: rdev, target: target)
     }
 
-    // MARK: - view resolution (callers hold ns)
+    // MARK: - view resolution (callers hold ns, or commits while staging)
 
-    private enum Target {
-        case root
-        case node(NodeRecord)
-    }
-
-    private func target(_ ino: UInt64) throws -> Target {
-        if ino == Self.rootID { return .root }
-        guard let n = state.nodes[ino], let c = state.containers[n.container], isShown(c) else {
-            throw FSError.noEntry("no node \(ino)")
-        }
-        // The drive view reaches only what is inside Documents. The kernel asks only about ids
-        // this view gave it, so the check is for folders: once several views share a store,
-        // another view may move a folder the kernel knows out of Documents. A removed folder
-        // has no path at all but may still be a process's working folder.
-        if case .drive = view, n.kind == .directory, n.nlink > 0, depth(of: n.ino, in: c) == nil {
-            throw FSError.noEntry("node \(ino) is outside Documents")
-        }
-        return .node(n)
-    }
-
-    private func isShown(_ c: ContainerRecord) -> Bool {
-        guard active[c.identifier] != nil else { return false }
-        switch view {
-        case .drive: return c.isPublic
-        case .app(let bundle): return c.bundleIdentifier == bundle
-        }
-    }
-
-    private func shownContainers() -> [ContainerRecord] {
-        state.containers.values.filter(isShown).sorted { $0.identifier < $1.identifier }
-    }
-
-    private func containerFolderName(_ c: ContainerRecord) -> [UInt8] {
-        switch view {
-        case .drive: return Array(c.name.utf8)
-        case .app: return Array(c.identifier.utf8)
-        }
-    }
-
-    /// The node a container's folder at the mount root shows: Documents in the drive view, the
-    /// whole container in the app view.
-    private func containerFolderIno(_ c: ContainerRecord) -> InodeNumber? {
-        switch view {
-        case .drive: return documentsIno(c)
-        case .app: return c.rootIno
-        }
-    }
-
-    private func documentsIno(_ c: ContainerRecord) -> InodeNumber? { state.children[c.rootIno]?[documentsName] }
-
-    /// Folder depth below Documents (Documents = 0), or nil if `dir` is not inside Documents.
+    // The rules are `ViewPolicy`'s; these read them over this model's namespace.
+    private typealias Target = ViewPolicy.Target
+    private func target(_ ino: UInt64) throws -> Target { try policy.target(ino, in: state) }
+    private func isShown(_ c: ContainerRecord) -> Bool { policy.isShown(c) }
+    private func shownContainers() -> [ContainerRecord] { policy.shownContainers(in: state) }
+    private func containerFolderName(_ c: ContainerRecord) -> [UInt8] { policy.containerFolderName(c) }
+    private func containerFolderIno(_ c: ContainerRecord) -> InodeNumber? { policy.containerFolderIno(c, in: state) }
+    private func documentsIno(_ c: ContainerRecord) -> InodeNumber? { policy.documentsIno(c, in: state) }
     private func depth(of dir: InodeNumber, in c: ContainerRecord, _ ns: Namespace? = nil) -> Int? {
-        let space = ns ?? state
-        guard let docs = space.children[c.rootIno]?[documentsName] else { return nil }
-        var d = 0
-        var cur = dir
-        while cur != docs {
-            guard let p = space.parent[cur] else { return nil }
-            cur = p
-            d += 1
-        }
-        return d
+        policy.depth(of: dir, in: c, ns ?? state)
     }
-
-    /// Levels of folders below `dir` (0 if it holds no folder).
-    private func height(of dir: InodeNumber) -> Int {
-        var best = 0
-        for child in state.children[dir]?.values ?? [:].values where state.nodes[child]?.kind == .directory {
-            best = max(best, 1 + height(of: child))
-        }
-        return best
+    private func visible(_ n: NodeRecord) -> Bool { policy.visible(n, in: state) }
+    private func check(name: [UInt8]) throws { try ViewPolicy.check(name: name) }
+    private func checkLevels(moving n: NodeRecord, into dir: NodeRecord) throws {
+        try policy.checkLevels(moving: n, into: dir, in: state)
     }
-
-    /// In the drive view, folders deeper than the container's level limit are not shown.
-    private func visible(_ n: NodeRecord) -> Bool {
-        guard case .drive = view, n.kind == .directory, let c = state.containers[n.container],
-              let limit = active[c.identifier]?.maxDepth else { return true }
-        guard let d = depth(of: n.ino, in: c) else { return false }
-        return d <= limit
-    }
-
 
     /// A folder in which entries may be changed, or the error to refuse with.
     private func writableDirectory(_ ino: UInt64) throws -> NodeRecord {
@@ -533,12 +469,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    private func check(name: [UInt8]) throws {
-        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
-        if name.isEmpty || name == [0x2e] || name == [0x2e, 0x2e] || name.contains(0x2f) || name.contains(0) {
-            throw FSError(EINVAL, "invalid name")
-        }
-    }
 
     // MARK: - attributes
 
@@ -718,7 +648,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         return try mutate { s in
             let dir = try writableDirectory(parent)
             if state.children[dir.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
-            if case .drive = view, let c = state.containers[dir.container], let limit = active[c.identifier]?.maxDepth {
+            if case .drive = view, let c = state.containers[dir.container], let limit = policy.active[c.identifier]?.maxDepth {
                 guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
                 if d + 1 > limit {
                     throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s)")
@@ -974,19 +904,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             cur = state.parent[c]
         }
         return false
-    }
-
-    /// Drive view: moving a folder tree must not put any of it past the container's level limit.
-    private func checkLevels(moving n: NodeRecord, into dir: NodeRecord) throws {
-        guard case .drive = view, n.kind == .directory, let c = state.containers[dir.container],
-              let limit = active[c.identifier]?.maxDepth else { return }
-        guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
-        // Staying at its depth or moving up puts nothing deeper than it already is (a tree may
-        // hold folders the app made past the limit).
-        if let from = state.parent[n.ino], let old = depth(of: from, in: c), d <= old { return }
-        if d + 1 + height(of: n.ino) > limit {
-            throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s)")
-        }
     }
 
     // MARK: - setattr
@@ -1404,4 +1321,4 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
 let documentsName = Array("Documents".utf8)
 
-private func levelsWord(_ limit: Int) -> String { limit == 0 ? "no" : "\(limit)" }
+func levelsWord(_ limit: Int) -> String { limit == 0 ? "no" : "\(limit)" }
