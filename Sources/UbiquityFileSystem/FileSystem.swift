@@ -39,24 +39,24 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Serializes every change to `state` (this writer's commits, other writers' batches). Its
     /// holder reads `state` without `ns` (nobody else changes it), stages, commits to the store,
     /// and takes `ns` for writing only to apply: lookups never wait for store I/O.
-    private let commits = Lock()
-    private let ns = RWLock()
-    private let state: Namespace                      // written under commits + ns (write); read under either
+    let commits = Lock()
+    let ns = RWLock()
+    let state: Namespace                      // written under commits + ns (write); read under either
     private let ids: IDPool                           // guarded by commits
     /// What other writers changed since the change feed last asked (catch-ups inside `mutate`
     /// apply remote batches too).
-    private var pendingInvalidations: [KernelInvalidation] = []   // guarded by commits
+    var pendingInvalidations: [KernelInvalidation] = []   // guarded by commits
     /// Files whose current version another writer changed, for open documents to follow (done
     /// by the change feed, which holds no document lock: lock order is document, then commits).
     private var pendingRebases: Set<InodeNumber> = []   // guarded by commits
     /// This daemon as a writer of the store's change log.
     public let writerID: String
-    private var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
+    var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
     /// What this view shows and allows; set once, in init (it names the active containers).
     private var policy: ViewPolicy
 
-    private let docsLock = Lock()
-    private var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
+    let docsLock = Lock()
+    var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
     private var handles: [UInt64: Handle] = [:]       // guarded by docsLock
     private var nextHandle: UInt64 = 1                // guarded by docsLock
     /// Kernel references (entry replies minus forgets) of nodes, counted only when the bridge
@@ -102,10 +102,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// Guards the periodic tasks' clocks.
-    private let syncLock = Lock()
-    private var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
-    private var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
-    private var lastAdoption: UInt64 = monotonicNanoseconds()     // guarded by syncLock
+    let syncLock = Lock()
+    var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
+    var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
+    var lastAdoption: UInt64 = monotonicNanoseconds()     // guarded by syncLock
 
     // MARK: - registration and recovery
 
@@ -138,83 +138,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Files unlinked while open when the previous daemon stopped. While another daemon runs,
-    /// nameless nodes may be its open files: they wait for a start with no other daemon.
-    private func removeOrphans() throws {
-        guard !store.work.otherWritersAlive() else { return }
-        try mutate { s in
-            for (ino, n) in s.base.nodes where n.nlink == 0 { s.add(.deleteNode(ino)) }
-        }
-    }
-
-    /// Delete blobs no version refers to (deleted files, failed publishes) that were written
-    /// more than `garbageGrace` ago: a younger one may be another writer's, written for a commit
-    /// it has not made yet. Runs at start-up and every hour.
-    func collectGarbage() throws {
-        do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {
-            log("trimming the store's change log failed: \(error)")
-        }
-        let cutoff = nowNanoseconds() - Self.garbageGrace
-        let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
-        guard !candidates.isEmpty else { return }
-        // Listed first, then the references: a blob committed in between is in the references.
-        let referenced = try store.metadata.referencedBlobs()
-        var freed = 0
-        for blob in candidates where !referenced.contains(blob) {
-            try store.blobs.delete(blob)
-            freed += 1
-        }
-        if freed > 0 { log("freed \(freed) unreferenced content chunks") }
-    }
-
-    /// How old an unreferenced blob must be before garbage collection deletes it.
-    static let garbageGrace: Int64 = 10 * 60 * 1_000_000_000
-
-    /// Make everything published so far durable (the store records it, so that its check after a
-    /// power cut covers only what came later).
-    private func syncPublished() throws {
-        do { try store.durability.sync() } catch { throw FSError(error) }
-        syncLock.withLock { lastSync = monotonicNanoseconds() }
-    }
-
-    /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
-    /// a finished document: it becomes the current version, as the publish the daemon did not
-    /// get to would have made it. Any other (still open at the crash, possibly torn by a power
-    /// cut, or based on a version that is no longer current) is kept as a `recovered` version
-    /// beside the current one, for the user to restore.
-    private func recoverWorkingCopies() throws {
-        for leftover in try store.work.leftovers() {
-            let node = ns.read { state.nodes[leftover.ino] }
-            guard let node, node.nlink > 0, node.kind == .regular else {
-                leftover.file.remove()
-                continue
-            }
-            var baseChunks: [ChunkRef] = []
-            if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
-            let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
-                               mtime: leftover.finished ? leftover.modified : max(node.mtime, leftover.modified),
-                               store: store)
-            if leftover.finished && leftover.intact && leftover.base == node.currentVersion {
-                // Durable, as every publish below: the working copy is deleted once this commits.
-                try publish(doc, durable: true)
-                // A change no kernel request made: the kernel may hold the old size and times.
-                commits.withLock { pendingInvalidations.append(.node(node.ino)) }
-                log("published inode \(node.ino), closed before the daemon stopped, as its current version")
-                continue
-            }
-            try doc.publish(sync: { try self.store.durability.sync() }) { chunks, size, _, _ in
-                try self.mutate { s in
-                    let id = try s.newVersion()
-                    s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
-                                                    chunks: chunks, origin: .recovered, device: self.device)))
-                    return id
-                }
-            }
-            log("recovered the unpublished working copy of inode \(node.ino) as a version (the current version is unchanged)")
-        }
-        store.work.recoveryFinished()
-    }
-
     // MARK: - locking helpers
 
     /// Stage with `body` over the namespace, commit what it staged, apply it to memory: all under
@@ -225,7 +148,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// catches up from the change log and stages the operation again over the fresh state, where
     /// it succeeds or fails as a local race would (`EEXIST`, `ENOENT`, `ENOTEMPTY`, …).
     @discardableResult
-    private func mutate<T>(_ body: (inout Staging) throws -> T) throws -> T {
+    func mutate<T>(_ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
         let result = try commits.withLock { () throws -> T in
             var attempts = 0
@@ -1084,12 +1007,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         dropIfIdle(doc)
     }
 
-    private func isNameless(_ ino: InodeNumber) -> Bool {
+    func isNameless(_ ino: InodeNumber) -> Bool {
         ns.read { (state.nodes[ino]?.nlink ?? 0) == 0 }
     }
 
     /// Forget a document nobody has open once it holds nothing unpublished.
-    private func dropIfIdle(_ doc: Document) {
+    func dropIfIdle(_ doc: Document) {
         docsLock.withLock {
             if doc.opens == 0 && !doc.hasUnpublishedChanges && docs[doc.ino] === doc { docs[doc.ino] = nil }
         }
@@ -1098,141 +1021,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// fsync on a folder: make every namespace change so far durable.
     public func fsyncDirectory() throws {
         do { try store.durability.syncMetadata() } catch { throw FSError(error) }
-    }
-
-    private func publish(_ doc: Document, durable: Bool, removeLater: ((any WorkFile) -> Void)? = nil) throws {
-        // A nameless file is never published (it is deleted once nothing refers to it). If its
-        // last name goes while this publish runs, the commit below adds nothing and the
-        // document deletes the chunks it wrote.
-        if isNameless(doc.ino) { return }
-        try doc.publish(sync: durable ? { try self.store.durability.sync() } : nil, removeLater: removeLater) { chunks, size, mtime, ctime in
-            try self.mutate { s in
-                guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
-                let id = try s.newVersion()
-                if n.currentVersion != doc.baseVersion {
-                    // Another writer published this file since this edit began: never overwrite
-                    // that. This edit is kept as a version beside it, origin `conflict` (on the
-                    // node as it is now: if it changes or goes meanwhile, this is staged again).
-                    s.expectUnchanged(n.ino)
-                    s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
-                                                    chunks: chunks, origin: .conflict, device: self.device)))
-                    self.log("inode \(n.ino) was published elsewhere since this edit began; "
-                             + "the edit is kept as conflict version \(id)")
-                    return id
-                }
-                s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
-                                                chunks: chunks, origin: .published, device: self.device)))
-                try self.prune(&s, ino: n.ino, adding: chunks)
-                n.size = size
-                n.mtime = max(n.mtime, mtime)
-                n.ctime = max(n.ctime, ctime)
-                n.currentVersion = id
-                s.put(n)
-                return id
-            }
-        }
-    }
-
-    /// Count the version being added to `ino`; past the retention limit (plus slack), stage the
-    /// deletion of the oldest published versions and note the blobs only they used.
-    /// Caller holds commits (inside `mutate`).
-    private func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
-        let keep = max(versionsToKeep, 2)
-        let count: Int
-        if let known = versionCounts[ino] { count = known + 1 } else {
-            do { count = try store.metadata.versions(of: ino).count + 1 } catch { throw FSError(error) }
-        }
-        s.versionCounts[ino] = count
-        guard count > keep + keep / 2 else { return }
-        let all: [VersionRecord]
-        do { all = try store.metadata.versions(of: ino) } catch { throw FSError(error) }
-        // A file replaced by rename that the kernel still refers to keeps showing its current
-        // version, which moved to this file's history: never prune one of those.
-        let shown = Set(state.nodes.values.lazy.filter { $0.nlink == 0 }.compactMap(\.currentVersion))
-        let published = all.filter {
-            $0.origin == .published && $0.id != state.nodes[ino]?.currentVersion && !shown.contains($0.id)
-        }
-        let excess = count - keep
-        let doomed = published.prefix(excess)
-        let doomedIDs = Set(doomed.map(\.id))
-        var stillUsed = Set(chunks.map(\.blob))
-        for v in all where !doomedIDs.contains(v.id) { stillUsed.formUnion(v.chunks.map(\.blob)) }
-        for v in doomed {
-            s.add(.deleteVersion(v.id))
-            for c in v.chunks where !c.isHole && !stillUsed.contains(c.blob) { s.prunedBlobs.insert(c.blob) }
-        }
-        s.versionCounts[ino] = count - doomed.count
-    }
-
-    /// Publish files held open that have not changed for the idle time. The daemon calls this
-    /// periodically.
-    public func publishIdle() {
-        let now = monotonicNanoseconds()
-        for doc in docsLock.withLock({ Array(docs.values) })
-        where doc.hasUnpublishedChanges && now &- doc.stat().lastChange >= idlePublishNanoseconds {
-            do {
-                try publish(doc, durable: false)
-                dropIfIdle(doc)
-            } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
-        }
-        // Every 30 s, a sync makes all versions published since durable (the store skips it when
-        // nothing was committed since).
-        if syncLock.withLock({ now &- lastSync >= 30_000_000_000 }) {
-            do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
-        }
-        // Every 5 s, the working copies of daemons on this store that died meanwhile: a file
-        // saved and closed on a mount whose daemon was killed reaches this one without waiting
-        // for a daemon to start.
-        if syncLock.withLock({ Self.due(&lastAdoption, every: 5_000_000_000, now: now) }) {
-            do { try recoverWorkingCopies() } catch { log("recovering a stopped daemon's working copies failed: \(error)") }
-        }
-        // Every hour, garbage that other writers left to the grace period.
-        if syncLock.withLock({ Self.due(&lastCollection, every: 3_600_000_000_000, now: now) }) {
-            do { try collectGarbage() } catch { log("garbage collection failed: \(error)") }
-        }
-    }
-
-    /// Whether `interval` has passed since `last`; if so `last` becomes `now`. Caller holds syncLock.
-    private static func due(_ last: inout UInt64, every interval: UInt64, now: UInt64) -> Bool {
-        guard now &- last >= interval else { return false }
-        last = now
-        return true
-    }
-
-    /// Publish every working copy with changes (unmount, SIGTERM). Returns the failures.
-    @discardableResult
-    public func publishAll() -> [FSError] {
-        var failures: [FSError] = []
-        // One sync for all of them; each working copy is deleted only once its version is durable.
-        var published: [any WorkFile] = []
-        for doc in docsLock.withLock({ Array(docs.values) }) where doc.hasUnpublishedChanges {
-            do {
-                try publish(doc, durable: false, removeLater: { published.append($0) })
-                dropIfIdle(doc)
-            } catch {
-                failures.append(FSError(error))
-                log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
-            }
-        }
-        do {
-            try syncPublished()
-            for work in published { work.remove() }
-        } catch {
-            failures.append(FSError(error))
-            log("the final sync failed; \(published.count) published working copies are kept for recovery: \(error)")
-        }
-        return failures
-    }
-
-    /// Publish everything and record a clean stop (the daemon calls this last).
-    @discardableResult
-    public func stop() -> [FSError] {
-        var failures = publishAll()
-        if failures.isEmpty {
-            do { try store.durability.end(writer: writerID) }
-            catch { failures.append(FSError(EIO, "recording the clean stop failed: \(error)")) }
-        }
-        return failures
     }
 
     // MARK: - extended attributes (user.* only)

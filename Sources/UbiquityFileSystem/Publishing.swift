@@ -1,0 +1,144 @@
+// Publishing: a document's working copy becomes a version of the file (one metadata commit,
+// see `Document.publish`), with version retention, and the periodic tasks of a running daemon
+// (idle publishes, the sync every 30 s, taking over dead daemons' working copies, the hourly
+// collection), and the publish of everything at a stop.
+
+import Foundation
+import UbiquityStore
+
+extension UbiquityFileSystem {
+    func publish(_ doc: Document, durable: Bool, removeLater: ((any WorkFile) -> Void)? = nil) throws {
+        // A nameless file is never published (it is deleted once nothing refers to it). If its
+        // last name goes while this publish runs, the commit below adds nothing and the
+        // document deletes the chunks it wrote.
+        if isNameless(doc.ino) { return }
+        try doc.publish(sync: durable ? { try self.store.durability.sync() } : nil, removeLater: removeLater) { chunks, size, mtime, ctime in
+            try self.mutate { s in
+                guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
+                let id = try s.newVersion()
+                if n.currentVersion != doc.baseVersion {
+                    // Another writer published this file since this edit began: never overwrite
+                    // that. This edit is kept as a version beside it, origin `conflict` (on the
+                    // node as it is now: if it changes or goes meanwhile, this is staged again).
+                    s.expectUnchanged(n.ino)
+                    s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                                    chunks: chunks, origin: .conflict, device: self.device)))
+                    self.log("inode \(n.ino) was published elsewhere since this edit began; "
+                             + "the edit is kept as conflict version \(id)")
+                    return id
+                }
+                s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                                chunks: chunks, origin: .published, device: self.device)))
+                try self.prune(&s, ino: n.ino, adding: chunks)
+                n.size = size
+                n.mtime = max(n.mtime, mtime)
+                n.ctime = max(n.ctime, ctime)
+                n.currentVersion = id
+                s.put(n)
+                return id
+            }
+        }
+    }
+
+    /// Count the version being added to `ino`; past the retention limit (plus slack), stage the
+    /// deletion of the oldest published versions and note the blobs only they used.
+    /// Caller holds commits (inside `mutate`).
+    func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
+        let keep = max(versionsToKeep, 2)
+        let count: Int
+        if let known = versionCounts[ino] { count = known + 1 } else {
+            do { count = try store.metadata.versions(of: ino).count + 1 } catch { throw FSError(error) }
+        }
+        s.versionCounts[ino] = count
+        guard count > keep + keep / 2 else { return }
+        let all: [VersionRecord]
+        do { all = try store.metadata.versions(of: ino) } catch { throw FSError(error) }
+        // A file replaced by rename that the kernel still refers to keeps showing its current
+        // version, which moved to this file's history: never prune one of those.
+        let shown = Set(state.nodes.values.lazy.filter { $0.nlink == 0 }.compactMap(\.currentVersion))
+        let published = all.filter {
+            $0.origin == .published && $0.id != state.nodes[ino]?.currentVersion && !shown.contains($0.id)
+        }
+        let excess = count - keep
+        let doomed = published.prefix(excess)
+        let doomedIDs = Set(doomed.map(\.id))
+        var stillUsed = Set(chunks.map(\.blob))
+        for v in all where !doomedIDs.contains(v.id) { stillUsed.formUnion(v.chunks.map(\.blob)) }
+        for v in doomed {
+            s.add(.deleteVersion(v.id))
+            for c in v.chunks where !c.isHole && !stillUsed.contains(c.blob) { s.prunedBlobs.insert(c.blob) }
+        }
+        s.versionCounts[ino] = count - doomed.count
+    }
+
+    /// Publish files held open that have not changed for the idle time. The daemon calls this
+    /// periodically.
+    public func publishIdle() {
+        let now = monotonicNanoseconds()
+        for doc in docsLock.withLock({ Array(docs.values) })
+        where doc.hasUnpublishedChanges && now &- doc.stat().lastChange >= idlePublishNanoseconds {
+            do {
+                try publish(doc, durable: false)
+                dropIfIdle(doc)
+            } catch { log("idle publish of inode \(doc.ino) failed: \(error)") }
+        }
+        // Every 30 s, a sync makes all versions published since durable (the store skips it when
+        // nothing was committed since).
+        if syncLock.withLock({ now &- lastSync >= 30_000_000_000 }) {
+            do { try syncPublished() } catch { log("periodic sync failed: \(error)") }
+        }
+        // Every 5 s, the working copies of daemons on this store that died meanwhile: a file
+        // saved and closed on a mount whose daemon was killed reaches this one without waiting
+        // for a daemon to start.
+        if syncLock.withLock({ Self.due(&lastAdoption, every: 5_000_000_000, now: now) }) {
+            do { try recoverWorkingCopies() } catch { log("recovering a stopped daemon's working copies failed: \(error)") }
+        }
+        // Every hour, garbage that other writers left to the grace period.
+        if syncLock.withLock({ Self.due(&lastCollection, every: 3_600_000_000_000, now: now) }) {
+            do { try collectGarbage() } catch { log("garbage collection failed: \(error)") }
+        }
+    }
+
+    /// Whether `interval` has passed since `last`; if so `last` becomes `now`. Caller holds syncLock.
+    static func due(_ last: inout UInt64, every interval: UInt64, now: UInt64) -> Bool {
+        guard now &- last >= interval else { return false }
+        last = now
+        return true
+    }
+
+    /// Publish every working copy with changes (unmount, SIGTERM). Returns the failures.
+    @discardableResult
+    public func publishAll() -> [FSError] {
+        var failures: [FSError] = []
+        // One sync for all of them; each working copy is deleted only once its version is durable.
+        var published: [any WorkFile] = []
+        for doc in docsLock.withLock({ Array(docs.values) }) where doc.hasUnpublishedChanges {
+            do {
+                try publish(doc, durable: false, removeLater: { published.append($0) })
+                dropIfIdle(doc)
+            } catch {
+                failures.append(FSError(error))
+                log("publish of inode \(doc.ino) at unmount failed, its working copy is kept for recovery: \(error)")
+            }
+        }
+        do {
+            try syncPublished()
+            for work in published { work.remove() }
+        } catch {
+            failures.append(FSError(error))
+            log("the final sync failed; \(published.count) published working copies are kept for recovery: \(error)")
+        }
+        return failures
+    }
+
+    /// Publish everything and record a clean stop (the daemon calls this last).
+    @discardableResult
+    public func stop() -> [FSError] {
+        var failures = publishAll()
+        if failures.isEmpty {
+            do { try store.durability.end(writer: writerID) }
+            catch { failures.append(FSError(EIO, "recording the clean stop failed: \(error)")) }
+        }
+        return failures
+    }
+}

@@ -1,0 +1,86 @@
+// Start-up and background recovery: nodes left without a name, garbage collection of content
+// no version names, and working copies that a daemon which died left unpublished (its own at
+// start-up, or another daemon's on the store while this one runs). What a stop of the machine
+// may have left is the store's to repair (`Durability.begin`), before any of this runs.
+
+import Foundation
+import UbiquityStore
+
+extension UbiquityFileSystem {
+    /// Files unlinked while open when the previous daemon stopped. While another daemon runs,
+    /// nameless nodes may be its open files: they wait for a start with no other daemon.
+    func removeOrphans() throws {
+        guard !store.work.otherWritersAlive() else { return }
+        try mutate { s in
+            for (ino, n) in s.base.nodes where n.nlink == 0 { s.add(.deleteNode(ino)) }
+        }
+    }
+
+    /// Delete blobs no version refers to (deleted files, failed publishes) that were written
+    /// more than `garbageGrace` ago: a younger one may be another writer's, written for a commit
+    /// it has not made yet. Runs at start-up and every hour.
+    func collectGarbage() throws {
+        do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {
+            log("trimming the store's change log failed: \(error)")
+        }
+        let cutoff = nowNanoseconds() - Self.garbageGrace
+        let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
+        guard !candidates.isEmpty else { return }
+        // Listed first, then the references: a blob committed in between is in the references.
+        let referenced = try store.metadata.referencedBlobs()
+        var freed = 0
+        for blob in candidates where !referenced.contains(blob) {
+            try store.blobs.delete(blob)
+            freed += 1
+        }
+        if freed > 0 { log("freed \(freed) unreferenced content chunks") }
+    }
+
+    /// How old an unreferenced blob must be before garbage collection deletes it.
+    static let garbageGrace: Int64 = 10 * 60 * 1_000_000_000
+
+    /// Make everything published so far durable (the store records it, so that its check after a
+    /// power cut covers only what came later).
+    func syncPublished() throws {
+        do { try store.durability.sync() } catch { throw FSError(error) }
+        syncLock.withLock { lastSync = monotonicNanoseconds() }
+    }
+
+    /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
+    /// a finished document: it becomes the current version, as the publish the daemon did not
+    /// get to would have made it. Any other (still open at the crash, possibly torn by a power
+    /// cut, or based on a version that is no longer current) is kept as a `recovered` version
+    /// beside the current one, for the user to restore.
+    func recoverWorkingCopies() throws {
+        for leftover in try store.work.leftovers() {
+            let node = ns.read { state.nodes[leftover.ino] }
+            guard let node, node.nlink > 0, node.kind == .regular else {
+                leftover.file.remove()
+                continue
+            }
+            var baseChunks: [ChunkRef] = []
+            if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
+            let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
+                               mtime: leftover.finished ? leftover.modified : max(node.mtime, leftover.modified),
+                               store: store)
+            if leftover.finished && leftover.intact && leftover.base == node.currentVersion {
+                // Durable, as every publish below: the working copy is deleted once this commits.
+                try publish(doc, durable: true)
+                // A change no kernel request made: the kernel may hold the old size and times.
+                commits.withLock { pendingInvalidations.append(.node(node.ino)) }
+                log("published inode \(node.ino), closed before the daemon stopped, as its current version")
+                continue
+            }
+            try doc.publish(sync: { try self.store.durability.sync() }) { chunks, size, _, _ in
+                try self.mutate { s in
+                    let id = try s.newVersion()
+                    s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
+                                                    chunks: chunks, origin: .recovered, device: self.device)))
+                    return id
+                }
+            }
+            log("recovered the unpublished working copy of inode \(node.ino) as a version (the current version is unchanged)")
+        }
+        store.work.recoveryFinished()
+    }
+}
