@@ -42,13 +42,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     let commits = Lock()
     let ns = RWLock()
     let state: Namespace                      // written under commits + ns (write); read under either
-    private let ids: IDPool                           // guarded by commits
+    let ids: IDPool                           // guarded by commits
     /// What other writers changed since the change feed last asked (catch-ups inside `mutate`
     /// apply remote batches too).
     var pendingInvalidations: [KernelInvalidation] = []   // guarded by commits
     /// Files whose current version another writer changed, for open documents to follow (done
     /// by the change feed, which holds no document lock: lock order is document, then commits).
-    private var pendingRebases: Set<InodeNumber> = []   // guarded by commits
+    var pendingRebases: Set<InodeNumber> = []   // guarded by commits
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
@@ -57,8 +57,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     let docsLock = Lock()
     var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
-    private var handles: [UInt64: Handle] = [:]       // guarded by docsLock
-    private var nextHandle: UInt64 = 1                // guarded by docsLock
+    var handles: [UInt64: Handle] = [:]       // guarded by docsLock
+    var nextHandle: UInt64 = 1                // guarded by docsLock
     /// Kernel references (entry replies minus forgets) of nodes, counted only when the bridge
     /// reports them: a node whose last name is gone lives on while the kernel still refers to
     /// it (an O_PATH descriptor, a removed working folder), as on a local filesystem.
@@ -67,7 +67,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Lock requests waiting for another owner's lock to go (see Locks.swift).
     let lockWaiters = LockWaiters()
 
-    private enum Handle {
+    enum Handle {
         case file(Document, flags: Int32)
         case directory([DirectoryEntry])
     }
@@ -138,235 +138,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    // MARK: - locking helpers
-
-    /// Stage with `body` over the namespace, commit what it staged, apply it to memory: all under
-    /// `commits`, with `ns` held (for writing) only to apply, so readers never wait for the store.
-    ///
-    /// Other writers share the store, so the batch carries what it read (`Namespace.expectations`).
-    /// If another writer changed any of that first, the commit fails with a conflict: the model
-    /// catches up from the change log and stages the operation again over the fresh state, where
-    /// it succeeds or fails as a local race would (`EEXIST`, `ENOENT`, `ENOTEMPTY`, …).
-    @discardableResult
-    func mutate<T>(_ body: (inout Staging) throws -> T) throws -> T {
-        var garbage: Set<BlobID> = []
-        let result = try commits.withLock { () throws -> T in
-            var attempts = 0
-            while true {
-                // `state` changes only under `commits`, so it is read here without `ns`.
-                var staging = Staging(state, ids: ids)
-                let result = try body(&staging)
-                if staging.mutations.isEmpty { return result }
-                let freed = try blobsFreed(by: staging)
-                let batch = Batch(staging.mutations,
-                                  expecting: state.expectations(for: staging.mutations, unchanged: staging.unchanged),
-                                  writer: writerID)
-                let seq: ChangeSeq
-                do throws(StoreError) { seq = try store.metadata.commit(batch, durable: false) } catch {
-                    guard error.kind == .conflict, attempts < Self.conflictRetries else { throw FSError(error) }
-                    attempts += 1
-                    try catchUpLocked()
-                    continue
-                }
-                for (ino, count) in staging.versionCounts { versionCounts[ino] = count }
-                if seq == state.seq + 1 {
-                    applyCommitted([ChangeRecord(seq: seq, writer: writerID, mutations: batch.mutations)])
-                } else {
-                    // Others committed in between: apply theirs and ours in log order. The batch
-                    // is committed whatever happens here, so a failure to read the log must not
-                    // be reported as the operation's (the change feed catches up later).
-                    do { try catchUpLocked() } catch { log("catching up after commit \(seq) failed: \(error)") }
-                }
-                garbage = freed
-                return result
-            }
-        }
-        free(garbage)
-        return result
-    }
-
-    /// How often an operation is staged again after conflicts before it gives up (with `EIO`:
-    /// the store kept changing under it, which no local race explains).
-    static let conflictRetries = 16
-
-    /// Apply one committed batch to memory. `remote`: another writer's, so the version counts it
-    /// touches are no longer known (this writer's own are counted as it stages them). Caller
-    /// holds commits and ns (write).
-    private func applyLocked(_ mutations: [Mutation], seq: ChangeSeq, remote: Bool, chunks: [VersionID: [ChunkRef]]) {
-        state.apply(mutations, seq: seq, chunks: chunks)
-        for m in mutations {
-            switch m {
-            case .deleteNode(let ino): versionCounts[ino] = nil
-            case .putVersion(let v) where remote: versionCounts[v.ino] = nil
-            case .moveVersions(let from, let to) where remote: versionCounts[from] = nil; versionCounts[to] = nil
-            default: break
-            }
-        }
-    }
-
-    /// Apply every batch committed since this namespace's position (other writers' and any of
-    /// this writer's it has not applied). Caller holds commits.
-    private func catchUpLocked() throws {
-        let records: [ChangeRecord]
-        do { records = try store.metadata.changes(since: state.seq) } catch {
-            if error.kind == .trimmed { return try reloadLocked() }
-            throw FSError(error)
-        }
-        applyCommitted(records)
-    }
-
-    /// The change log no longer reaches back to this namespace's position (this daemon was
-    /// stopped for long, say on a suspended machine, while others wrote): load the store's state
-    /// again and note for the kernel and for open documents everything that differs. Caller
-    /// holds commits.
-    private func reloadLocked() throws {
-        let snapshot: StoreSnapshot
-        do { snapshot = try store.metadata.load() } catch { throw FSError(error) }
-        let fresh = Namespace(snapshot: snapshot)
-        let (invalidations, changed) = state.differences(to: fresh)
-        ns.write {
-            state.replace(with: fresh)
-            versionCounts = [:]
-            pendingInvalidations += invalidations
-            pendingRebases.formUnion(changed)
-        }
-        log("the store's change log no longer reaches back to this daemon's position; loaded the namespace again "
-            + "(\(changed.count) nodes differed)")
-    }
-
-    /// Change-log records kept when the log is trimmed (at start and every hour). A daemon
-    /// further behind than this reloads its namespace; a running one is never more than a tenth
-    /// of a second behind.
-    static let changeLogKept = 100_000
-
-    /// Apply committed batches past the namespace's position, in log order, and note for the
-    /// kernel what other writers changed (`pendingInvalidations`, sent by the change feed).
-    /// Caller holds commits, not ns: the chunk lists the batches make current without carrying
-    /// them are read from the store first, so ns is held for writing only while memory changes.
-    private func applyCommitted(_ all: [ChangeRecord]) {
-        let records = all.filter { $0.seq > state.seq }
-        guard !records.isEmpty else { return }
-        let chunks = chunksNeeded(by: records)
-        ns.write {
-            // Without a change feed draining them (a model in a test), keep the newest only.
-            if pendingInvalidations.count > 100_000 { pendingInvalidations.removeFirst(50_000) }
-            for r in records {
-                let remote = r.writer != writerID
-                applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)
-                guard remote else { continue }
-                for m in r.mutations {
-                    if case .putNode(let n) = m { pendingRebases.insert(n.ino) }
-                    switch m {
-                    case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))
-                    case .deleteDirent(let parent, let name): pendingInvalidations.append(.entry(parent: parent, name: name)); pendingInvalidations.append(.node(parent))
-                    case .putNode(let n): pendingInvalidations.append(.node(n.ino))
-                    case .deleteNode(let ino): pendingInvalidations.append(.node(ino))
-                    case .putXattr(let x): pendingInvalidations.append(.node(x.ino))
-                    case .deleteXattr(let ino, _): pendingInvalidations.append(.node(ino))
-                    default: break
-                    }
-                }
-            }
-        }
-    }
-
-    /// The chunk lists of the versions `records` make current: from the batch when it carries
-    /// the version (a publish), else from the store (a revert, a restore). Caller holds commits,
-    /// so `state` is the namespace the records follow on from.
-    private func chunksNeeded(by records: [ChangeRecord]) -> [VersionID: [ChunkRef]] {
-        var current: [InodeNumber: VersionID?] = [:]
-        var out: [VersionID: [ChunkRef]] = [:]
-        for r in records {
-            var carried: [VersionID: [ChunkRef]] = [:]
-            for case .putVersion(let v) in r.mutations { carried[v.id] = v.chunks }
-            for case .putNode(let n) in r.mutations {
-                let before = current[n.ino] ?? state.nodes[n.ino]?.currentVersion
-                current[n.ino] = n.currentVersion
-                guard let v = n.currentVersion, v != before, out[v] == nil else { continue }
-                if let c = carried[v] { out[v] = c; continue }
-                do {
-                    if let found = try store.metadata.version(v) { out[v] = found.chunks }
-                    else { log("inode \(n.ino): its current version \(v) is not in the store") }
-                } catch { log("reading version \(v) of inode \(n.ino) failed: \(error)") }
-            }
-        }
-        return out
-    }
-
-    /// Apply what other writers (another view, another device) committed since the last look,
-    /// and say what the kernel may have cached of it. The change feed calls this a few times a
-    /// second: the store is asked without the namespace lock, which is taken only to apply.
-    @discardableResult
-    public func catchUp() throws -> [KernelInvalidation] {
-        let from = ns.read { state.seq }
-        var records: [ChangeRecord] = []
-        var trimmed = false
-        do { records = try store.metadata.changes(since: from) } catch {
-            guard error.kind == .trimmed else { throw FSError(error) }
-            trimmed = true
-        }
-        let (all, rebases) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
-            // Records at or below the position were applied meanwhile (this writer's own commits
-            // catch up too); the rest follow on from it with no gap.
-            if trimmed { try catchUpLocked() } else { applyCommitted(records) }
-            guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
-            defer { pendingInvalidations = []; pendingRebases = [] }
-            let open = docsLock.withLock { Set(docs.keys) }
-            let rebases = pendingRebases.filter(open.contains).compactMap { ino in
-                state.nodes[ino].map { ($0, state.chunks[ino] ?? []) }
-            }
-            return (pendingInvalidations, rebases)
-        }
-        // No namespace lock here: a document's lock comes before it.
-        for (node, chunks) in rebases {
-            docsLock.withLock { docs[node.ino] }?.rebase(on: node, chunks: chunks)
-        }
-        var seen: Set<KernelInvalidation> = []
-        return all.filter { seen.insert($0).inserted }
-    }
-
-    /// Blobs no version refers to once `staging` commits: those of deleted files' versions and
-    /// of pruned versions. Caller holds commits.
-    private func blobsFreed(by staging: Staging) throws -> Set<BlobID> {
-        var movedAway: Set<InodeNumber> = []
-        var deletedVersions: Set<VersionID> = []
-        for m in staging.mutations {
-            if case .moveVersions(let from, _) = m { movedAway.insert(from) }
-            if case .deleteVersion(let id) = m { deletedVersions.insert(id) }
-        }
-        var freed: Set<BlobID> = []
-        for case .deleteNode(let ino) in staging.mutations where !movedAway.contains(ino) && state.nodes[ino]?.kind == .regular {
-            do {
-                for v in try store.metadata.versions(of: ino) { freed.formUnion(v.chunks.lazy.filter { !$0.isHole }.map(\.blob)) }
-            } catch { throw FSError(error) }
-        }
-        return freed.union(staging.prunedBlobs)
-    }
-
-    /// Delete blob files after the commit that unreferenced them (a crash in between leaves
-    /// garbage that start-up collects, never a reference to a missing blob). While another
-    /// daemon runs on the store it may still be reading them (a file it has open that was
-    /// deleted here), so they are left to the garbage collection's grace period instead.
-    private func free(_ blobs: Set<BlobID>) {
-        guard !blobs.isEmpty, !store.work.otherWritersAlive() else { return }
-        for blob in blobs {
-            do { try store.blobs.delete(blob) } catch { log("freeing content chunk \(blob) failed: \(error)") }
-        }
-    }
-
-    private func newNode(ino: InodeNumber, container: String, kind: NodeKind, mode: UInt32,
-                         caller: Caller, rdev: UInt64 = 0, target: [UInt8] = []) -> NodeRecord {
-        let now = nowNanoseconds()
-        return NodeRecord(ino: ino, container: container, kind: kind, mode: mode & 0o7777, uid: caller.uid,
-                          gid: caller.gid, nlink: kind == .directory ? 2 : 1, size: kind == .symlink ? UInt64(target.count) : 0,
-                          atime: now, mtime: now, ctime: now, btime: now, rdev: rdev, target: target)
-    }
-
     // MARK: - view resolution (callers hold ns, or commits while staging)
 
     // The rules are `ViewPolicy`'s; these read them over this model's namespace.
-    private typealias Target = ViewPolicy.Target
-    private func target(_ ino: UInt64) throws -> Target { try policy.target(ino, in: state) }
+    typealias Target = ViewPolicy.Target
+    func target(_ ino: UInt64) throws -> Target { try policy.target(ino, in: state) }
     private func isShown(_ c: ContainerRecord) -> Bool { policy.isShown(c) }
     private func shownContainers() -> [ContainerRecord] { policy.shownContainers(in: state) }
     private func containerFolderName(_ c: ContainerRecord) -> [UInt8] { policy.containerFolderName(c) }
@@ -469,7 +245,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// Delete a node with no name left once nothing refers to it any more.
-    private func deleteIfUnreferenced(_ ino: InodeNumber) throws {
+    func deleteIfUnreferenced(_ ino: InodeNumber) throws {
         guard isNameless(ino) else { return }
         let doc: Document? = docsLock.withLock {
             guard !isReferenced(ino), let doc = docs[ino] else { return nil }
@@ -878,149 +654,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             return attributes(n, doc: doc)
         }
-    }
-
-    // MARK: - files
-
-    /// Open (or share) the document of `ino`; counts as one open until `release`.
-    public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
-        let doc = try acquireDocument(ino)
-        let h = docsLock.withLock { () -> UInt64 in
-            defer { nextHandle += 1 }
-            return nextHandle
-        }
-        if flags & O_TRUNC != 0 {
-            // Through the new handle, so the working copy is not finished until it closes.
-            do { try doc.truncate(to: 0, handle: h) } catch {
-                doc.released(handle: h)
-                try? releaseDocument(doc)
-                throw FSError(error)
-            }
-        }
-        docsLock.withLock { handles[h] = .file(doc, flags: flags) }
-        return h
-    }
-
-    private static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
-
-    private func isFileHandle(_ handle: UInt64) -> Bool {
-        docsLock.withLock { if case .file? = handles[handle] { return true } else { return false } }
-    }
-
-    private func acquireDocument(_ ino: UInt64) throws -> Document {
-        try ns.read {
-            guard case .node(let n) = try target(ino) else { throw FSError(EISDIR, "is a folder") }
-            switch n.kind {
-            case .regular: break
-            case .directory: throw FSError(EISDIR, "is a folder")
-            default: throw FSError(ENXIO, "not a regular file")
-            }
-            return docsLock.withLock {
-                let doc = docs[n.ino] ?? Document(node: n, chunks: state.chunks[n.ino] ?? [], store: store)
-                docs[n.ino] = doc
-                doc.opens += 1
-                return doc
-            }
-        }
-    }
-
-    private func document(for ino: UInt64, handle: UInt64?) throws -> Document {
-        if let handle, case .file(let doc, _) = docsLock.withLock({ handles[handle] }) { return doc }
-        return try acquireDocument(ino)
-    }
-
-    private func closeTemporary(_ doc: Document, handle: UInt64?) {
-        if let handle, case .file = docsLock.withLock({ handles[handle] }) { return }
-        do { try releaseDocument(doc) } catch { log("publish of inode \(doc.ino) failed: \(error)") }
-    }
-
-    private func fileDocument(_ handle: UInt64) throws -> (Document, Int32) {
-        guard case .file(let doc, let flags) = docsLock.withLock({ handles[handle] }) else {
-            throw FSError(EBADF, "not a file handle")
-        }
-        return (doc, flags)
-    }
-
-    public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
-        let doc = try fileDocument(handle).0
-        do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
-    }
-
-    public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
-        let (doc, flags) = try fileDocument(handle)
-        if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
-        if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
-        do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
-        return bytes.count
-    }
-
-    /// Called on each close(2) of a descriptor, before close returns (the release that publishes
-    /// comes later). All handles share one working copy, so there is nothing to write; but once
-    /// no handle has changes it has not closed, the working copy is a finished document, and
-    /// recovery after a crash makes it current (see `Document.flushed`).
-    public func flush(handle: UInt64) throws {
-        let (doc, flags) = try fileDocument(handle)
-        guard Self.mayWrite(flags) else { return }
-        do { try doc.flushed(handle: handle) } catch {
-            // Not fatal: the content is in the working copy, which recovery keeps as a version.
-            log("marking inode \(doc.ino) closed failed: \(error)")
-        }
-    }
-
-    /// fsync: publish the working copy durably, so the data survives a crash as the current version.
-    public func fsync(handle: UInt64, dataOnly: Bool) throws {
-        let (doc, _) = try fileDocument(handle)
-        do {
-            if doc.hasUnpublishedChanges {
-                try publish(doc, durable: true)
-            } else {
-                try store.durability.sync()
-            }
-        } catch { throw FSError(error) }
-    }
-
-    public func release(handle: UInt64) throws {
-        guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
-            throw FSError(EBADF, "not a file handle")
-        }
-        if Self.mayWrite(flags) { doc.released(handle: handle) }
-        try releaseDocument(doc)
-    }
-
-    /// One open of `doc` ended. On the last one, publish it (or, if the file was deleted, drop it).
-    private func releaseDocument(_ doc: Document) throws {
-        let last = docsLock.withLock { () -> Bool in
-            doc.opens -= 1
-            return doc.opens == 0
-        }
-        guard last else { return }
-        if isNameless(doc.ino) {
-            // Nothing to publish for a file without a name; its working copy lives on while the
-            // kernel still refers to it (a reopen through /proc sees the same bytes).
-            try deleteIfUnreferenced(doc.ino)
-            return
-        }
-        do { try publish(doc, durable: false) } catch {
-            log("publish of inode \(doc.ino) failed, its working copy is kept: \(error)")
-            throw FSError(error)
-        }
-        dropIfIdle(doc)
-    }
-
-    func isNameless(_ ino: InodeNumber) -> Bool {
-        ns.read { (state.nodes[ino]?.nlink ?? 0) == 0 }
-    }
-
-    /// Forget a document nobody has open once it holds nothing unpublished.
-    func dropIfIdle(_ doc: Document) {
-        docsLock.withLock {
-            if doc.opens == 0 && !doc.hasUnpublishedChanges && docs[doc.ino] === doc { docs[doc.ino] = nil }
-        }
-    }
-
-    /// fsync on a folder: make every namespace change so far durable.
-    public func fsyncDirectory() throws {
-        do { try store.durability.syncMetadata() } catch { throw FSError(error) }
     }
 
     // MARK: - extended attributes (user.* only)

@@ -1,0 +1,151 @@
+// Open files: handles, the open documents they share (one working copy per file, whatever the
+// number of handles), reads and writes through them, and what each close means (flush marks the
+// copy finished, the last release publishes it).
+
+import Foundation
+import UbiquityStore
+
+extension UbiquityFileSystem {
+    // MARK: - files
+
+    /// Open (or share) the document of `ino`; counts as one open until `release`.
+    public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
+        let doc = try acquireDocument(ino)
+        let h = docsLock.withLock { () -> UInt64 in
+            defer { nextHandle += 1 }
+            return nextHandle
+        }
+        if flags & O_TRUNC != 0 {
+            // Through the new handle, so the working copy is not finished until it closes.
+            do { try doc.truncate(to: 0, handle: h) } catch {
+                doc.released(handle: h)
+                try? releaseDocument(doc)
+                throw FSError(error)
+            }
+        }
+        docsLock.withLock { handles[h] = .file(doc, flags: flags) }
+        return h
+    }
+
+    static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
+
+    func isFileHandle(_ handle: UInt64) -> Bool {
+        docsLock.withLock { if case .file? = handles[handle] { return true } else { return false } }
+    }
+
+    func acquireDocument(_ ino: UInt64) throws -> Document {
+        try ns.read {
+            guard case .node(let n) = try target(ino) else { throw FSError(EISDIR, "is a folder") }
+            switch n.kind {
+            case .regular: break
+            case .directory: throw FSError(EISDIR, "is a folder")
+            default: throw FSError(ENXIO, "not a regular file")
+            }
+            return docsLock.withLock {
+                let doc = docs[n.ino] ?? Document(node: n, chunks: state.chunks[n.ino] ?? [], store: store)
+                docs[n.ino] = doc
+                doc.opens += 1
+                return doc
+            }
+        }
+    }
+
+    func document(for ino: UInt64, handle: UInt64?) throws -> Document {
+        if let handle, case .file(let doc, _) = docsLock.withLock({ handles[handle] }) { return doc }
+        return try acquireDocument(ino)
+    }
+
+    func closeTemporary(_ doc: Document, handle: UInt64?) {
+        if let handle, case .file = docsLock.withLock({ handles[handle] }) { return }
+        do { try releaseDocument(doc) } catch { log("publish of inode \(doc.ino) failed: \(error)") }
+    }
+
+    func fileDocument(_ handle: UInt64) throws -> (Document, Int32) {
+        guard case .file(let doc, let flags) = docsLock.withLock({ handles[handle] }) else {
+            throw FSError(EBADF, "not a file handle")
+        }
+        return (doc, flags)
+    }
+
+    public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
+        let doc = try fileDocument(handle).0
+        do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
+    }
+
+    public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
+        let (doc, flags) = try fileDocument(handle)
+        if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
+        if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
+        do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
+        return bytes.count
+    }
+
+    /// Called on each close(2) of a descriptor, before close returns (the release that publishes
+    /// comes later). All handles share one working copy, so there is nothing to write; but once
+    /// no handle has changes it has not closed, the working copy is a finished document, and
+    /// recovery after a crash makes it current (see `Document.flushed`).
+    public func flush(handle: UInt64) throws {
+        let (doc, flags) = try fileDocument(handle)
+        guard Self.mayWrite(flags) else { return }
+        do { try doc.flushed(handle: handle) } catch {
+            // Not fatal: the content is in the working copy, which recovery keeps as a version.
+            log("marking inode \(doc.ino) closed failed: \(error)")
+        }
+    }
+
+    /// fsync: publish the working copy durably, so the data survives a crash as the current version.
+    public func fsync(handle: UInt64, dataOnly: Bool) throws {
+        let (doc, _) = try fileDocument(handle)
+        do {
+            if doc.hasUnpublishedChanges {
+                try publish(doc, durable: true)
+            } else {
+                try store.durability.sync()
+            }
+        } catch { throw FSError(error) }
+    }
+
+    public func release(handle: UInt64) throws {
+        guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
+            throw FSError(EBADF, "not a file handle")
+        }
+        if Self.mayWrite(flags) { doc.released(handle: handle) }
+        try releaseDocument(doc)
+    }
+
+    /// One open of `doc` ended. On the last one, publish it (or, if the file was deleted, drop it).
+    func releaseDocument(_ doc: Document) throws {
+        let last = docsLock.withLock { () -> Bool in
+            doc.opens -= 1
+            return doc.opens == 0
+        }
+        guard last else { return }
+        if isNameless(doc.ino) {
+            // Nothing to publish for a file without a name; its working copy lives on while the
+            // kernel still refers to it (a reopen through /proc sees the same bytes).
+            try deleteIfUnreferenced(doc.ino)
+            return
+        }
+        do { try publish(doc, durable: false) } catch {
+            log("publish of inode \(doc.ino) failed, its working copy is kept: \(error)")
+            throw FSError(error)
+        }
+        dropIfIdle(doc)
+    }
+
+    func isNameless(_ ino: InodeNumber) -> Bool {
+        ns.read { (state.nodes[ino]?.nlink ?? 0) == 0 }
+    }
+
+    /// Forget a document nobody has open once it holds nothing unpublished.
+    func dropIfIdle(_ doc: Document) {
+        docsLock.withLock {
+            if doc.opens == 0 && !doc.hasUnpublishedChanges && docs[doc.ino] === doc { docs[doc.ino] = nil }
+        }
+    }
+
+    /// fsync on a folder: make every namespace change so far durable.
+    public func fsyncDirectory() throws {
+        do { try store.durability.syncMetadata() } catch { throw FSError(error) }
+    }
+}
