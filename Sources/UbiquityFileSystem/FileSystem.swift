@@ -104,6 +104,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Guards the periodic tasks' clocks.
     let syncLock = Lock()
     var lastSync: UInt64 = monotonicNanoseconds()   // guarded by syncLock
+    /// Blobs found unreferenced by the last garbage collection while other writers ran.
+    var garbageSeen: Set<BlobID> = []   // guarded by syncLock
     var lastCollection: UInt64 = monotonicNanoseconds()   // guarded by syncLock
     var lastAdoption: UInt64 = monotonicNanoseconds()     // guarded by syncLock
 

@@ -18,18 +18,26 @@ extension UbiquityFileSystem {
 
     /// Delete blobs no version refers to (deleted files, failed publishes) that were written
     /// more than `garbageGrace` ago: a younger one may be another writer's, written for a commit
-    /// it has not made yet. Runs at start-up and every hour.
+    /// it has not made yet. While other writers run, a blob must also have been unreferenced at
+    /// the collection before (an hour earlier): one of them may still be reading a file deleted
+    /// here a moment ago. Runs at start-up and every hour.
     func collectGarbage() throws {
         do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {
             log("trimming the store's change log failed: \(error)")
         }
         let cutoff = nowNanoseconds() - Self.garbageGrace
         let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
-        guard !candidates.isEmpty else { return }
         // Listed first, then the references: a blob committed in between is in the references.
-        let referenced = try store.metadata.referencedBlobs()
+        let referenced = candidates.isEmpty ? [] : try store.metadata.referencedBlobs()
+        let unreferenced = Set(candidates).subtracting(referenced)
+        let alone = !store.work.otherWritersAlive()
+        let doomed = syncLock.withLock { () -> Set<BlobID> in
+            let doomed = alone ? unreferenced : unreferenced.intersection(garbageSeen)
+            garbageSeen = unreferenced.subtracting(doomed)
+            return doomed
+        }
         var freed = 0
-        for blob in candidates where !referenced.contains(blob) {
+        for blob in doomed {
             try store.blobs.delete(blob)
             freed += 1
         }

@@ -348,7 +348,10 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
     public var bootID: String { mutex.withLock { boot } }
     private var boot = UUID().uuidString   // guarded by mutex
     /// One memory work area is one writer; a second model on the store in a test has its own.
-    public func otherWritersAlive() -> Bool { false }
+    /// A test says whether other writers are to count as running.
+    public func otherWritersAlive() -> Bool { mutex.withLock { othersAlive } }
+    public func setOtherWritersAlive(_ alive: Bool) { mutex.withLock { othersAlive = alive } }
+    private var othersAlive = false   // guarded by mutex
 
     fileprivate func removeFile(_ file: MemoryWorkFile) {
         mutex.withLock { if files[file.ino] === file { files[file.ino] = nil } }

@@ -5,7 +5,7 @@
 
 import Foundation
 import XCTest
-import UbiquityFileSystem
+@testable import UbiquityFileSystem
 import UbiquityStore
 
 final class SeveralWritersTests: XCTestCase {
@@ -184,6 +184,28 @@ final class SeveralWritersTests: XCTestCase {
         _ = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
         XCTAssertTrue(blobs.blobIDs.contains(young.blob))
         XCTAssertFalse(blobs.blobIDs.contains(old.blob))
+    }
+
+    /// While another writer runs, an unreferenced blob is freed only once it was unreferenced at
+    /// two collections in a row (an hour apart in a daemon): the other may still be reading the
+    /// file it belonged to. A writer alone frees it at once.
+    func testWhileOthersRunGarbageWaitsForASecondCollection() throws {
+        let blobs = store.blobs as! MemoryBlobStore
+        let work = store.work as! MemoryWorkArea
+        let old = try writeBlob(store.blobs, b("a deleted file's, maybe still read elsewhere"))
+        blobs.backdate(old.blob, by: 11 * 60 * 1_000_000_000)
+        work.setOtherWritersAlive(true)
+        try one.collectGarbage()
+        XCTAssertTrue(blobs.blobIDs.contains(old.blob), "kept at the first collection")
+        try two.collectGarbage()
+        XCTAssertTrue(blobs.blobIDs.contains(old.blob), "each writer counts its own collections")
+        try one.collectGarbage()
+        XCTAssertFalse(blobs.blobIDs.contains(old.blob), "freed at the second")
+        let another = try writeBlob(store.blobs, b("another"))
+        blobs.backdate(another.blob, by: 11 * 60 * 1_000_000_000)
+        work.setOtherWritersAlive(false)
+        try two.collectGarbage()
+        XCTAssertFalse(blobs.blobIDs.contains(another.blob), "alone, at once")
     }
 
     /// One writer stops cleanly while the other still runs; then the machine loses power. The
