@@ -66,6 +66,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// Lock requests waiting for another owner's lock to go (see Locks.swift).
     let lockWaiters = LockWaiters()
+    let lockHandles = LockHandles()
 
     enum Handle {
         case file(Document, flags: Int32)

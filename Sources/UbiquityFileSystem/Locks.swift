@@ -25,11 +25,13 @@ extension UbiquityFileSystem {
 
     /// Take, change or drop (`mode` nil) a lock without waiting: `F_SETLK`, or `flock` with
     /// `LOCK_NB` (the range is then ignored). False when another owner's lock is in the way.
+    /// `handle` is the open file the request came through (see `LockHandles`).
     public func setLock(_ ino: UInt64, owner id: UInt64, style: LockStyle, mode: LockMode?,
-                        range: LockRange = .wholeFile, pid: Int32) throws -> Bool {
+                        range: LockRange = .wholeFile, pid: Int32, handle: UInt64? = nil) throws -> Bool {
         let done: Bool
         do { done = try store.locks.set(ino, owner: owner(id, style), mode: mode, range: range, pid: pid) }
         catch { throw FSError(error) }
+        if done, mode != nil, style == .posix, let handle { lockHandles.used(ino, owner: id, handle: handle) }
         // Dropping or narrowing a lock may let a waiter in.
         if done { lockWaiters.retrySoon() }
         return done
@@ -39,10 +41,12 @@ extension UbiquityFileSystem {
     /// in the way. `done` is called exactly once, on another thread: with 0 once the lock is
     /// held, EINTR once `interrupted()` is true (or the daemon stops), or a failure's errno.
     public func waitForLock(_ ino: UInt64, owner id: UInt64, style: LockStyle, mode: LockMode,
-                            range: LockRange = .wholeFile, pid: Int32,
+                            range: LockRange = .wholeFile, pid: Int32, handle: UInt64? = nil,
                             interrupted: @escaping @Sendable () -> Bool, done: @escaping @Sendable (Int32) -> Void) {
         lockWaiters.add(LockWaiters.Waiter(
-            attempt: { [self] in try setLock(ino, owner: id, style: style, mode: mode, range: range, pid: pid) },
+            attempt: { [self] in
+                try setLock(ino, owner: id, style: style, mode: mode, range: range, pid: pid, handle: handle)
+            },
             interrupted: interrupted, done: done))
     }
 
@@ -50,12 +54,71 @@ extension UbiquityFileSystem {
     /// of the file (`flush`), a `flock` lock when its open file description goes (`release`).
     public func releaseLocks(_ ino: UInt64, owner id: UInt64, style: LockStyle) {
         store.locks.release(ino, owner: owner(id, style))
+        if style == .posix { lockHandles.ownerReleased(ino, owner: id) }
+        lockWaiters.retrySoon()
+    }
+
+    /// The last release of an open file: end the POSIX locks of owners that took locks only
+    /// through it (open-file-description locks, see `LockHandles`).
+    func releaseLocks(ofHandle handle: UInt64) {
+        let ended = lockHandles.handleReleased(handle)
+        guard !ended.isEmpty else { return }
+        for (ino, id) in ended { store.locks.release(ino, owner: owner(id, .posix)) }
         lockWaiters.retrySoon()
     }
 
     /// End every waiting lock request with EINTR, before the mount goes away.
     public func stopLockWaits() {
         lockWaiters.stop()
+    }
+}
+
+/// Which open files (handles) each POSIX lock owner took locks through. The kernel ends a
+/// process's POSIX locks with a `flush` on each close, but sends nothing for the locks of an open
+/// file description (`F_OFD_SETLK`, whose owner is the description itself) when it goes. So the
+/// last release of a handle ends the locks of owners that used that handle alone. A process's
+/// own locks taken through it are gone by then (closing the descriptor flushed them), so this
+/// drops nothing a process still holds.
+final class LockHandles: @unchecked Sendable {
+    private struct Key: Hashable {
+        var ino: InodeNumber
+        var owner: UInt64
+    }
+    private let lock = Lock()
+    private var handlesOf: [Key: Set<UInt64>] = [:]   // guarded by lock
+    private var keysOf: [UInt64: Set<Key>] = [:]      // guarded by lock
+
+    func used(_ ino: InodeNumber, owner: UInt64, handle: UInt64) {
+        let key = Key(ino: ino, owner: owner)
+        lock.withLock {
+            handlesOf[key, default: []].insert(handle)
+            keysOf[handle, default: []].insert(key)
+        }
+    }
+
+    func ownerReleased(_ ino: InodeNumber, owner: UInt64) {
+        let key = Key(ino: ino, owner: owner)
+        lock.withLock {
+            for handle in handlesOf.removeValue(forKey: key) ?? [] {
+                keysOf[handle]?.remove(key)
+                if keysOf[handle]?.isEmpty == true { keysOf[handle] = nil }
+            }
+        }
+    }
+
+    /// Forget `handle`; the owners that took locks through it alone.
+    func handleReleased(_ handle: UInt64) -> [(InodeNumber, UInt64)] {
+        lock.withLock {
+            var ended: [(InodeNumber, UInt64)] = []
+            for key in keysOf.removeValue(forKey: handle) ?? [] {
+                handlesOf[key]?.remove(handle)
+                if handlesOf[key]?.isEmpty == true {
+                    handlesOf[key] = nil
+                    ended.append((key.ino, key.owner))
+                }
+            }
+            return ended
+        }
     }
 }
 

@@ -110,6 +110,7 @@ extension UbiquityFileSystem {
             throw FSError(EBADF, "not a file handle")
         }
         if Self.mayWrite(flags) { doc.released(handle: handle) }
+        releaseLocks(ofHandle: handle)
         try releaseDocument(doc)
     }
 

@@ -291,7 +291,8 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard mode != nil || l.l_type == Int16(F_UNLCK) else { fuse_reply_err(req, EINVAL); return }
         let range = LockRange(start: Int64(l.l_start), length: Int64(l.l_len))
         let pid = l.l_pid != 0 ? l.l_pid : caller(req).pid
-        setLock(req, ino, owner: fi.pointee.lock_owner, style: .posix, mode: mode, range: range, pid: pid, wait: sleep != 0)
+        setLock(req, ino, owner: fi.pointee.lock_owner, style: .posix, mode: mode, range: range, pid: pid,
+                handle: fi.pointee.fh, wait: sleep != 0)
     }
 
     ops.flock = { req, ino, fi, op in
@@ -304,7 +305,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         default: fuse_reply_err(req, EINVAL); return
         }
         setLock(req, ino, owner: fi.pointee.lock_owner, style: .flock, mode: mode, range: .wholeFile,
-                pid: caller(req).pid, wait: op & LOCK_NB == 0)
+                pid: caller(req).pid, handle: fi.pointee.fh, wait: op & LOCK_NB == 0)
     }
 
     ops.fsync = { req, ino, datasync, fi in
@@ -405,17 +406,17 @@ private func lockMode(_ type: Int16) -> LockMode? {
 /// Take, change or drop a lock; one that must wait is answered later, from the model's lock
 /// waiter, and ends with EINTR if the caller is interrupted meanwhile.
 private func setLock(_ req: fuse_req_t?, _ ino: fuse_ino_t, owner: UInt64, style: LockStyle, mode: LockMode?,
-                     range: LockRange, pid: Int32, wait: Bool) {
+                     range: LockRange, pid: Int32, handle: UInt64, wait: Bool) {
     let fs = bridge(req).fs
     do {
-        if try fs.setLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid) {
+        if try fs.setLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle) {
             fuse_reply_err(req, 0)
         } else if let mode, wait {
             // A fuse_req_t is a pointer libfuse keeps valid until the one reply.
             let request = UnsafeSendable(req)
             let log = bridge(req).log
             let op = style == .posix ? "setlk" : "flock"
-            fs.waitForLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid,
+            fs.waitForLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle,
                            interrupted: { fuse_req_interrupted(request.value) != 0 },
                            done: { code in
                                if code != 0 && code != EINTR { log("\(op) node \(ino): \(errnoName(code)) while waiting") }

@@ -72,6 +72,23 @@ final class LockTests: XCTestCase {
                       "flock and fcntl locks do not meet")
     }
 
+    /// The last release of an open file ends the locks of owners that locked through it alone
+    /// (an open file description's own locks); an owner that also locked through another open
+    /// file keeps its locks until that one goes too.
+    func testTheLastReleaseOfAnOpenFileEndsLocksTakenThroughItAlone() throws {
+        let h1 = try one.open(file, flags: O_RDWR)
+        let h2 = try one.open(file, flags: O_RDWR)
+        let part = { (start: Int64) in LockRange(start: start, length: 1) }
+        XCTAssertTrue(try one.setLock(file, owner: 100, style: .posix, mode: .write, range: part(0), pid: 1, handle: h1))
+        XCTAssertTrue(try one.setLock(file, owner: 200, style: .posix, mode: .write, range: part(1), pid: 2, handle: h1))
+        XCTAssertTrue(try one.setLock(file, owner: 200, style: .posix, mode: .write, range: part(2), pid: 2, handle: h2))
+        try one.release(handle: h1)
+        XCTAssertNil(try two.testLock(file, owner: 9, mode: .write, range: part(0)), "owner 100 used h1 alone")
+        XCTAssertNotNil(try two.testLock(file, owner: 9, mode: .write, range: part(1)), "owner 200 still has h2")
+        try one.release(handle: h2)
+        XCTAssertNil(try two.testLock(file, owner: 9, mode: .write, range: .wholeFile))
+    }
+
     func testAWaiterGetsTheLockWhenTheOtherDaemonDropsIt() throws {
         let answers = Answers()
         XCTAssertTrue(try one.setLock(file, owner: 1, style: .flock, mode: .write, pid: 100))

@@ -491,6 +491,44 @@ final class PosixTests: MountTestCase {
         ], r.stderr)
     }
 
+    /// Open-file-description locks (`F_OFD_SETLK`, as QEMU and others take them) belong to the
+    /// open file: two opens in one process conflict, a dup shares the lock, and the lock ends
+    /// with the last descriptor of that open file (the kernel says nothing of it: the daemon
+    /// ends it at the release).
+    func testOpenFileDescriptionLocks() throws {
+        try mount()
+        let script = #"""
+        import fcntl, os, struct, subprocess, sys
+        open("ofd", "w").write("x" * 10)
+        W = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0)
+        probe = "import fcntl, sys\nf = open('ofd', 'r+')\ntry:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('taken')\nexcept OSError:\n    print('busy')"
+        def check(label):
+            print(label + ":", subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip())
+        a = os.open("ofd", os.O_RDWR)
+        fcntl.fcntl(a, fcntl.F_OFD_SETLK, W)
+        b = os.open("ofd", os.O_RDWR)
+        try:
+            fcntl.fcntl(b, fcntl.F_OFD_SETLK, W)
+            print("second open: taken")
+        except OSError:
+            print("second open: busy")
+        os.close(b)
+        check("after closing the other open")
+        c = os.dup(a)
+        os.close(a)
+        check("a dup still open")
+        os.close(c)
+        check("after the last close")
+        """#
+        let r = assertShell("python3 -c \(shellQuote(script))", cwd: dir)
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), [
+            "second open: busy",
+            "after closing the other open: busy",
+            "a dup still open: busy",
+            "after the last close: taken",
+        ], r.stderr)
+    }
+
     /// A listing taken before a rename must not make the kernel bind the old name to the moved
     /// file: creating the old name afterwards makes a new file and leaves the moved one alone.
     func testListingTakenBeforeARenameDoesNotBindTheOldName() throws {
