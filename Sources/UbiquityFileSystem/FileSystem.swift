@@ -228,14 +228,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// The kernel dropped `count` references to `ino`.
     public func forget(_ ino: UInt64, count: UInt64) {
-        let gone = docsLock.withLock { () -> Bool in
-            guard let c = lookups[ino] else { return false }
+        let (gone, counted) = docsLock.withLock { () -> (Bool, UInt64) in
+            let c = lookups[ino] ?? 0
             if c > count {
                 lookups[ino] = c - count
-                return false
+                return (false, c)
             }
             lookups[ino] = nil
-            return true
+            return (c > 0, c)
+        }
+        // The kernel forgets only what it was given: more is a counting bug here, not its.
+        if count > counted && ino != Self.rootID {
+            log("internal error: the kernel forgot \(count) references to inode \(ino), which had \(counted)")
         }
         if gone {
             do { try deleteIfUnreferenced(ino) } catch { log("deleting unlinked inode \(ino) failed: \(error)") }
