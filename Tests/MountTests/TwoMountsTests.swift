@@ -75,6 +75,29 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// An edit saved on a base the other mount replaced meanwhile never overwrites the other's
+    /// content: that stays the file's, on both mounts (the edit is kept as a conflict version),
+    /// and the editing mount's kernel does not go on showing the edit's size.
+    func testAnEditOnAStaleBaseLeavesTheOthersContentShowing() throws {
+        try mount(extra: Self.longCache)
+        try mountSecond()
+        let a = docs("Notes") + "/shared.txt", b = second + "/Notes/shared.txt"
+        XCTAssertEqual(Posix.writeFile(a, "original\n"), 0)
+        eventually("the file on B") { Posix.readText(b) == "original\n" }
+        let fd = Posix.open(b, O_WRONLY)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        let edit = "B's edit, which is longer than the other one\n"
+        XCTAssertEqual(write(fd, edit, edit.utf8.count), edit.utf8.count)
+        XCTAssertEqual(Posix.writeFile(a, "A wins\n"), 0)
+        usleep(300_000)   // B's change feed has seen A's publish
+        close(fd)
+        eventually("A's content on B after B's stale save") { Posix.readText(b) == "A wins\n" }
+        XCTAssertEqual(Posix.readText(a), "A wins\n")
+        XCTAssertEqual(Posix.stat(b)?.st_size, 7)
+        try unmount(at: second)
+        try unmount()
+    }
+
     func testTheDriveViewAndTheAppViewAtOnce() throws {
         try mount(extra: Self.longCache)
         try mountSecond(app: "com.example.TestDrive")
