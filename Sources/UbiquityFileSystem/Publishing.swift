@@ -7,7 +7,12 @@ import Foundation
 import UbiquityStore
 
 extension UbiquityFileSystem {
-    func publish(_ doc: Document, durable: Bool, removeLater: ((any WorkFile) -> Void)? = nil) throws {
+    /// Publish `doc`'s working copy: as the file's current version, or with `beside`, as a
+    /// version of that origin beside the current one, leaving the file as it is (recovery of a
+    /// copy that cannot be trusted to be the file's content). `durable`: the store's barrier
+    /// before the working copy goes. The one path for every publish, recovery's included.
+    func publish(_ doc: Document, durable: Bool, beside: VersionOrigin? = nil,
+                 removeLater: ((any WorkFile) -> Void)? = nil) throws {
         // A nameless file is never published (it is deleted once nothing refers to it). If its
         // last name goes while this publish runs, the commit below adds nothing and the
         // document deletes the chunks it wrote.
@@ -16,6 +21,11 @@ extension UbiquityFileSystem {
             try self.mutate { s in
                 guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
                 let id = try s.newVersion()
+                if let origin = beside {
+                    s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                                    chunks: chunks, origin: origin, device: self.device)))
+                    return id
+                }
                 if n.currentVersion != doc.baseVersion {
                     // Another writer published this file since this edit began: never overwrite
                     // that. This edit is kept as a version beside it, origin `conflict` (on the

@@ -79,14 +79,7 @@ extension UbiquityFileSystem {
                 log("published inode \(node.ino), closed before the daemon stopped, as its current version")
                 continue
             }
-            try doc.publish(sync: { try self.store.durability.sync() }) { chunks, size, _, _ in
-                try self.mutate { s in
-                    let id = try s.newVersion()
-                    s.add(.putVersion(VersionRecord(id: id, ino: node.ino, created: nowNanoseconds(), size: size,
-                                                    chunks: chunks, origin: .recovered, device: self.device)))
-                    return id
-                }
-            }
+            try publish(doc, durable: true, beside: .recovered)
             log("recovered the unpublished working copy of inode \(node.ino) as a version (the current version is unchanged)")
         }
         store.work.recoveryFinished()
