@@ -113,13 +113,29 @@ extension UbiquityFileSystem {
     /// them are read from the store first, so ns is held for writing only while memory changes.
     func applyCommitted(_ all: [ChangeRecord]) {
         let records = all.filter { $0.seq > state.seq }
-        guard !records.isEmpty else { return }
+        guard let first = records.first else { return }
+        guard first.seq == state.seq + 1 else {
+            // A gap (a log another implementation trimmed without saying so): never apply past it.
+            do { try reloadLocked() } catch { log("the change log skips from \(state.seq) to \(first.seq), and loading the namespace again failed: \(error)") }
+            return
+        }
         let chunks = chunksNeeded(by: records)
         ns.write {
             // Without a change feed draining them (a model in a test), keep the newest only.
-            if pendingInvalidations.count > 100_000 { pendingInvalidations.removeFirst(50_000) }
+            if pendingInvalidations.count > 1_000_000 { pendingInvalidations.removeFirst(500_000) }
             for r in records {
                 let remote = r.writer != writerID
+                if remote {
+                    // The mount root lists containers by name: a renamed or re-registered one
+                    // changes its entries.
+                    for case .putContainer(let c) in r.mutations {
+                        pendingInvalidations.append(.node(Self.rootID))
+                        for old in [state.containers[c.identifier], c].compactMap({ $0 }) {
+                            pendingInvalidations.append(.entry(parent: Self.rootID, name: Array(old.name.utf8)))
+                            pendingInvalidations.append(.entry(parent: Self.rootID, name: Array(old.identifier.utf8)))
+                        }
+                    }
+                }
                 applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)
                 guard remote else { continue }
                 for m in r.mutations {

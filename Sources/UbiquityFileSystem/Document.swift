@@ -344,6 +344,11 @@ final class Document: @unchecked Sendable {
         }
     }
 
+    /// The blobs this document reads that are not in its working copy.
+    func baseBlobs() -> Set<BlobID> {
+        lock.read { Set(base.lazy.filter { !$0.isHole }.map(\.blob)) }
+    }
+
     /// Another writer published `node`'s new current version: if this document holds no change of
     /// its own, it follows (so a program opening the file now reads the new content); with
     /// changes, it keeps its base and its publish becomes a conflict version.

@@ -72,6 +72,14 @@ final class Namespace: @unchecked Sendable {
             changed.insert(ino)
         }
         for (ino, _) in other.nodes where nodes[ino] == nil { changed.insert(ino) }
+        if containers != other.containers {
+            // The mount root's entries are named after containers (by name or by identifier).
+            out.append(.node(UbiquityFileSystem.rootID))
+            for c in Array(containers.values) + Array(other.containers.values) {
+                out.append(.entry(parent: UbiquityFileSystem.rootID, name: Array(c.name.utf8)))
+                out.append(.entry(parent: UbiquityFileSystem.rootID, name: Array(c.identifier.utf8)))
+            }
+        }
         for (folder, names) in children {
             let theirs = other.children[folder] ?? [:]
             guard names != theirs else { continue }

@@ -34,7 +34,9 @@ extension UbiquityFileSystem {
                     s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                                     chunks: chunks, origin: .conflict, device: self.device)))
                     // The kernel may hold this edit's size and times: the file shows the other's.
+                    // An open document follows the current version once it has no changes left.
                     self.pendingInvalidations.append(.node(n.ino))
+                    self.pendingRebases.insert(n.ino)
                     self.log("inode \(n.ino) was published elsewhere since this edit began; "
                              + "the edit is kept as conflict version \(id)")
                     return id

@@ -29,7 +29,9 @@ extension UbiquityFileSystem {
         let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
         // Listed first, then the references: a blob committed in between is in the references.
         let referenced = candidates.isEmpty ? [] : try store.metadata.referencedBlobs()
-        let unreferenced = Set(candidates).subtracting(referenced)
+        // Content an open file here still reads (another writer deleted it, or pruned its base).
+        let open = docsLock.withLock { Array(docs.values) }.reduce(into: Set<BlobID>()) { $0.formUnion($1.baseBlobs()) }
+        let unreferenced = Set(candidates).subtracting(referenced).subtracting(open)
         let alone = !store.work.otherWritersAlive()
         let doomed = syncLock.withLock { () -> Set<BlobID> in
             let doomed = alone ? unreferenced : unreferenced.intersection(garbageSeen)
@@ -75,7 +77,12 @@ extension UbiquityFileSystem {
                 // Durable, as every publish below: the working copy is deleted once this commits.
                 try publish(doc, durable: true)
                 // A change no kernel request made: the kernel may hold the old size and times.
-                commits.withLock { pendingInvalidations.append(.node(node.ino)) }
+                // And a document open here follows it, unless it has changes of its own (those
+                // then publish as a conflict).
+                commits.withLock {
+                    pendingInvalidations.append(.node(node.ino))
+                    pendingRebases.insert(node.ino)
+                }
                 log("published inode \(node.ino), closed before the daemon stopped, as its current version")
                 continue
             }

@@ -172,11 +172,8 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
             guard drop > 0 else { return }
             state.log.removeFirst(drop)
             state.trimmedThrough += ChangeSeq(drop)
-            // A trim is durable at once here (in the embedded store it is a commit of its own;
-            // only its durability, not what it keeps, matters to a power cut).
-            let cut = state.trimmedThrough
-            durableState.log.removeAll { $0.seq <= cut }
-            durableState.trimmedThrough = max(durableState.trimmedThrough, cut)
+            // Not durable by itself (as in the embedded store, where it is an ordinary commit):
+            // a power cut before the next durable commit brings the records back.
         }
     }
 

@@ -530,7 +530,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             var result: [ChangeRecord] = []
             // One read transaction: the trim mark and the rows from one state of the database.
             try run("BEGIN")
-            defer { try? run("COMMIT") }
+            defer { if (try? run("COMMIT")) == nil { rollbackIfNeeded() } }
             let trimmed = try trimmedThrough()
             if seq < trimmed {
                 throw StoreError(.trimmed, "\(path): the change log was trimmed through \(trimmed), past \(seq)")

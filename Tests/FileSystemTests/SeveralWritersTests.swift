@@ -208,6 +208,30 @@ final class SeveralWritersTests: XCTestCase {
         XCTAssertFalse(blobs.blobIDs.contains(another.blob), "alone, at once")
     }
 
+    /// A writer's collection keeps the content of a file it has open, even once another writer
+    /// deleted the file and the content is unreferenced in the store.
+    func testGarbageCollectionKeepsWhatAnOpenFileHereReads() throws {
+        let blobs = store.blobs as! MemoryBlobStore
+        (store.work as! MemoryWorkArea).setOtherWritersAlive(true)
+        let docs = try one.ino("SugoiApp")
+        let content = pattern(3000, seed: 7)
+        let f = try one.makeFile(docs, "read.txt", content)
+        try two.catchUp()
+        let h = try two.open(f, flags: O_RDONLY)
+        try one.unlink(parent: docs, name: b("read.txt"))
+        try two.catchUp()
+        for id in blobs.blobIDs { blobs.backdate(id, by: 11 * 60 * 1_000_000_000) }
+        try two.collectGarbage()
+        try two.collectGarbage()
+        var out = [UInt8](repeating: 0, count: 4000)
+        let n = try out.withUnsafeMutableBytes { try two.read(handle: h, offset: 0, into: $0) }
+        XCTAssertEqual(Array(out[0..<n]), content, "still readable here")
+        try two.release(handle: h)
+        try two.collectGarbage()
+        try two.collectGarbage()
+        XCTAssertTrue(blobs.blobIDs.isEmpty, "freed once nobody reads it")
+    }
+
     /// One writer stops cleanly while the other still runs; then the machine loses power. The
     /// next start must still check what the other published without a sync (its running mark is
     /// of the boot that ended), and fall back where content did not reach the disk.
