@@ -181,32 +181,34 @@ extension UbiquityFileSystem {
     /// and say what the kernel may have cached of it. The change feed calls this a few times a
     /// second: the store is asked without the namespace lock, which is taken only to apply.
     @discardableResult
-    public func catchUp() throws -> [KernelInvalidation] {
-        let from = ns.read { state.seq }
-        var records: [ChangeRecord] = []
-        var trimmed = false
-        do { records = try store.metadata.changes(since: from) } catch {
-            guard error.kind == .trimmed else { throw FSError(error) }
-            trimmed = true
-        }
-        let (all, rebases) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
-            // Records at or below the position were applied meanwhile (this writer's own commits
-            // catch up too); the rest follow on from it with no gap.
-            if trimmed { try catchUpLocked() } else { applyCommitted(records) }
-            guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
-            defer { pendingInvalidations = []; pendingRebases = [] }
-            let open = docsLock.withLock { Set(docs.keys) }
-            let rebases = pendingRebases.filter(open.contains).compactMap { ino in
-                state.nodes[ino].map { ($0, state.chunks[ino] ?? []) }
+    public func catchUp() throws(FSError) -> [KernelInvalidation] {
+        try typed {
+            let from = ns.read { state.seq }
+            var records: [ChangeRecord] = []
+            var trimmed = false
+            do throws(StoreError) { records = try store.metadata.changes(since: from) } catch {
+                guard error.kind == .trimmed else { throw FSError(error) }
+                trimmed = true
             }
-            return (pendingInvalidations, rebases)
-        }
-        // No namespace lock here: a document's lock comes before it.
-        for (node, chunks) in rebases {
-            docsLock.withLock { docs[node.ino] }?.rebase(on: node, chunks: chunks)
-        }
-        var seen: Set<KernelInvalidation> = []
-        return all.filter { seen.insert($0).inserted }
+            let (all, rebases) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
+                // Records at or below the position were applied meanwhile (this writer's own commits
+                // catch up too); the rest follow on from it with no gap.
+                if trimmed { try catchUpLocked() } else { applyCommitted(records) }
+                guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
+                defer { pendingInvalidations = []; pendingRebases = [] }
+                let open = docsLock.withLock { Set(docs.keys) }
+                let rebases = pendingRebases.filter(open.contains).compactMap { ino in
+                    state.nodes[ino].map { ($0, state.chunks[ino] ?? []) }
+                }
+                return (pendingInvalidations, rebases)
+            }
+            // No namespace lock here: a document's lock comes before it.
+            for (node, chunks) in rebases {
+                docsLock.withLock { docs[node.ino] }?.rebase(on: node, chunks: chunks)
+            }
+            var seen: Set<KernelInvalidation> = []
+            return all.filter { seen.insert($0).inserted }
+            }
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and

@@ -71,3 +71,10 @@ public func errnoName(_ e: Int32) -> String {
     default: return "errno \(e)"
     }
 }
+
+/// The model's operations throw only `FSError`: whatever their steps throw (a store error, a
+/// system call's) becomes one here, with its errno, at the operation's edge.
+@inline(__always)
+func typed<T>(_ body: () throws -> T) throws(FSError) -> T {
+    do { return try body() } catch { throw FSError(error) }
+}

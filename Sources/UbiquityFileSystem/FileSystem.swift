@@ -214,8 +214,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    public func getattr(_ ino: UInt64) throws -> Attributes {
-        try ns.read { attributesOfTarget(try target(ino), ino: ino) }
+    public func getattr(_ ino: UInt64) throws(FSError) -> Attributes {
+        try typed {
+            try ns.read { attributesOfTarget(try target(ino), ino: ino) }
+            }
     }
 
     // MARK: - kernel references
@@ -269,27 +271,29 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - lookup and listing
 
-    public func lookup(parent: UInt64, name: [UInt8]) throws -> Attributes {
-        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
-        return try ns.read {
-            let t = try target(parent)
-            if name == [0x2e] { return attributesOfTarget(t, ino: parent) }
-            if name == [0x2e, 0x2e] { return try parentAttributes(t) }
-            switch t {
-            case .root:
-                guard let c = shownContainers().first(where: { containerFolderName($0) == name }),
-                      let folder = containerFolderIno(c), let n = state.nodes[folder] else {
-                    throw FSError.noEntry()
+    public func lookup(parent: UInt64, name: [UInt8]) throws(FSError) -> Attributes {
+        try typed {
+            if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
+            return try ns.read {
+                let t = try target(parent)
+                if name == [0x2e] { return attributesOfTarget(t, ino: parent) }
+                if name == [0x2e, 0x2e] { return try parentAttributes(t) }
+                switch t {
+                case .root:
+                    guard let c = shownContainers().first(where: { containerFolderName($0) == name }),
+                          let folder = containerFolderIno(c), let n = state.nodes[folder] else {
+                        throw FSError.noEntry()
+                    }
+                    return attributes(n, doc: nil)
+                case .node(let dir):
+                    guard dir.kind == .directory else { throw FSError.notDir() }
+                    guard let child = state.children[dir.ino]?[name], let n = state.nodes[child], visible(n) else {
+                        throw FSError.noEntry()
+                    }
+                    return attributes(n, doc: docsLock.withLock { docs[n.ino] })
                 }
-                return attributes(n, doc: nil)
-            case .node(let dir):
-                guard dir.kind == .directory else { throw FSError.notDir() }
-                guard let child = state.children[dir.ino]?[name], let n = state.nodes[child], visible(n) else {
-                    throw FSError.noEntry()
-                }
-                return attributes(n, doc: docsLock.withLock { docs[n.ino] })
             }
-        }
+            }
     }
 
     private func parentAttributes(_ t: Target) throws -> Attributes {
@@ -305,42 +309,46 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// Snapshot a folder's entries (".", ".." included) for a directory handle, so that listing
     /// offsets stay stable while the folder changes.
-    public func opendir(_ ino: UInt64) throws -> UInt64 {
-        let entries: [DirectoryEntry] = try ns.read {
-            let t = try target(ino)
-            var list: [(name: [UInt8], ino: UInt64, kind: NodeKind)] = [([0x2e], ino, .directory)]
-            switch t {
-            case .root:
-                list.append(([0x2e, 0x2e], ino, .directory))
-                for c in shownContainers() {
-                    if let folder = containerFolderIno(c) { list.append((containerFolderName(c), folder, .directory)) }
+    public func opendir(_ ino: UInt64) throws(FSError) -> UInt64 {
+        try typed {
+            let entries: [DirectoryEntry] = try ns.read {
+                let t = try target(ino)
+                var list: [(name: [UInt8], ino: UInt64, kind: NodeKind)] = [([0x2e], ino, .directory)]
+                switch t {
+                case .root:
+                    list.append(([0x2e, 0x2e], ino, .directory))
+                    for c in shownContainers() {
+                        if let folder = containerFolderIno(c) { list.append((containerFolderName(c), folder, .directory)) }
+                    }
+                case .node(let dir):
+                    guard dir.kind == .directory else { throw FSError.notDir() }
+                    list.append(([0x2e, 0x2e], (try? parentAttributes(t).ino) ?? Self.rootID, .directory))
+                    for (name, child) in (state.children[dir.ino] ?? [:]).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+                        guard let n = state.nodes[child], visible(n) else { continue }
+                        list.append((name, child, n.kind))
+                    }
                 }
-            case .node(let dir):
-                guard dir.kind == .directory else { throw FSError.notDir() }
-                list.append(([0x2e, 0x2e], (try? parentAttributes(t).ino) ?? Self.rootID, .directory))
-                for (name, child) in (state.children[dir.ino] ?? [:]).sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
-                    guard let n = state.nodes[child], visible(n) else { continue }
-                    list.append((name, child, n.kind))
-                }
+                return list.enumerated().map { DirectoryEntry(name: $1.name, ino: $1.ino, kind: $1.kind, nextOffset: $0 + 1) }
             }
-            return list.enumerated().map { DirectoryEntry(name: $1.name, ino: $1.ino, kind: $1.kind, nextOffset: $0 + 1) }
-        }
-        return docsLock.withLock {
-            let h = nextHandle
-            nextHandle += 1
-            handles[h] = .directory(entries)
-            return h
-        }
+            return docsLock.withLock {
+                let h = nextHandle
+                nextHandle += 1
+                handles[h] = .directory(entries)
+                return h
+            }
+            }
     }
 
     /// Entries from `offset` on (0 = the start).
-    public func readdir(handle: UInt64, offset: Int) throws -> [DirectoryEntry] {
-        let entries: [DirectoryEntry] = try docsLock.withLock {
-            guard case .directory(let e) = handles[handle] else { throw FSError(EBADF, "not a directory handle") }
-            return e
-        }
-        guard offset < entries.count else { return [] }
-        return Array(entries[max(0, offset)...])
+    public func readdir(handle: UInt64, offset: Int) throws(FSError) -> [DirectoryEntry] {
+        try typed {
+            let entries: [DirectoryEntry] = try docsLock.withLock {
+                guard case .directory(let e) = handles[handle] else { throw FSError(EBADF, "not a directory handle") }
+                return e
+            }
+            guard offset < entries.count else { return [] }
+            return Array(entries[max(0, offset)...])
+            }
     }
 
     public func releasedir(handle: UInt64) {
@@ -349,44 +357,50 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - creating
 
-    public func mkdir(parent: UInt64, name: [UInt8], mode: UInt32, caller: Caller) throws -> Attributes {
-        try check(name: name)
-        return try mutate { s in
-            let dir = try writableDirectory(parent)
-            if state.children[dir.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
-            if case .drive = view, let c = state.containers[dir.container], let limit = policy.active[c.identifier]?.maxDepth {
-                guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
-                if d + 1 > limit {
-                    throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s)")
+    public func mkdir(parent: UInt64, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
+        try typed {
+            try check(name: name)
+            return try mutate { s in
+                let dir = try writableDirectory(parent)
+                if state.children[dir.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
+                if case .drive = view, let c = state.containers[dir.container], let limit = policy.active[c.identifier]?.maxDepth {
+                    guard let d = depth(of: dir.ino, in: c) else { throw FSError(EPERM, "outside Documents") }
+                    if d + 1 > limit {
+                        throw FSError(EPERM, "\(c.name) allows \(levelsWord(limit)) folder level(s)")
+                    }
                 }
+                var p = dir
+                var mode = mode & 0o7777
+                var owner = caller
+                if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid; mode |= UInt32(S_ISGID) }
+                let ino = try s.newIno()
+                let n = newNode(ino: ino, container: p.container, kind: .directory, mode: mode, caller: owner)
+                s.put(n)
+                s.add(.putDirent(DirentRecord(parent: p.ino, name: name, child: ino)))
+                p.nlink += 1
+                p.mtime = n.ctime
+                p.ctime = n.ctime
+                s.put(p)
+                return attributes(n, doc: nil)
             }
-            var p = dir
-            var mode = mode & 0o7777
-            var owner = caller
-            if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid; mode |= UInt32(S_ISGID) }
-            let ino = try s.newIno()
-            let n = newNode(ino: ino, container: p.container, kind: .directory, mode: mode, caller: owner)
-            s.put(n)
-            s.add(.putDirent(DirentRecord(parent: p.ino, name: name, child: ino)))
-            p.nlink += 1
-            p.mtime = n.ctime
-            p.ctime = n.ctime
-            s.put(p)
-            return attributes(n, doc: nil)
-        }
+            }
     }
 
     /// mknod for regular files, FIFOs, sockets and devices (devices and FIFOs are metadata only).
-    public func mknod(parent: UInt64, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws -> Attributes {
-        let kind = NodeKind(mode: mode)
-        if kind == .directory { return try self.mkdir(parent: parent, name: name, mode: mode, caller: caller) }
-        if kind == .symlink { throw FSError(EINVAL, "mknod cannot make a symlink") }
-        return try createNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller, rdev: rdev, target: [])
+    public func mknod(parent: UInt64, name: [UInt8], mode: UInt32, rdev: UInt64, caller: Caller) throws(FSError) -> Attributes {
+        try typed {
+            let kind = NodeKind(mode: mode)
+            if kind == .directory { return try self.mkdir(parent: parent, name: name, mode: mode, caller: caller) }
+            if kind == .symlink { throw FSError(EINVAL, "mknod cannot make a symlink") }
+            return try createNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller, rdev: rdev, target: [])
+            }
     }
 
-    public func symlink(parent: UInt64, name: [UInt8], target: [UInt8], caller: Caller) throws -> Attributes {
-        if target.count >= Int(PATH_MAX) { throw FSError(ENAMETOOLONG, "symlink target too long") }
-        return try createNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, rdev: 0, target: target)
+    public func symlink(parent: UInt64, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
+        try typed {
+            if target.count >= Int(PATH_MAX) { throw FSError(ENAMETOOLONG, "symlink target too long") }
+            return try createNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, rdev: 0, target: target)
+            }
     }
 
     private func createNode(parent: UInt64, name: [UInt8], kind: NodeKind, mode: UInt32, caller: Caller,
@@ -410,49 +424,59 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// Create and open a regular file. Returns its attributes and a file handle.
-    public func create(parent: UInt64, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws -> (Attributes, UInt64) {
-        let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [])
-        let handle = try open(attrs.ino, flags: flags & ~O_TRUNC)
-        return (attrs, handle)
+    public func create(parent: UInt64, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, UInt64) {
+        try typed {
+            let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [])
+            let handle = try open(attrs.ino, flags: flags & ~O_TRUNC)
+            return (attrs, handle)
+            }
     }
 
-    public func readlink(_ ino: UInt64) throws -> [UInt8] {
-        try ns.read {
-            guard case .node(let n) = try target(ino), n.kind == .symlink else { throw FSError(EINVAL, "not a symlink") }
-            return n.target
-        }
+    public func readlink(_ ino: UInt64) throws(FSError) -> [UInt8] {
+        try typed {
+            try ns.read {
+                guard case .node(let n) = try target(ino), n.kind == .symlink else { throw FSError(EINVAL, "not a symlink") }
+                return n.target
+            }
+            }
     }
 
-    public func link(_ ino: UInt64, newParent: UInt64, newName: [UInt8]) throws -> Attributes {
-        try check(name: newName)
-        return try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "cannot link the mount root") }
-            if n.kind == .directory { throw FSError(EPERM, "cannot hard-link a folder") }
-            var p = try writableDirectory(newParent)
-            if p.container != n.container { throw FSError(EXDEV, "hard links cannot cross containers") }
-            if state.children[p.ino]?[newName] != nil { throw FSError(EEXIST, "already exists") }
-            if n.nlink == 0 { throw FSError(ENOENT, "file was deleted") }
-            if n.nlink >= 65000 { throw FSError(EMLINK, "too many links") }
-            let now = nowNanoseconds()
-            n.nlink += 1
-            n.ctime = now
-            s.put(n)
-            s.add(.putDirent(DirentRecord(parent: p.ino, name: newName, child: n.ino)))
-            p.mtime = now
-            p.ctime = now
-            s.put(p)
-            return attributes(n, doc: docsLock.withLock { docs[n.ino] })
-        }
+    public func link(_ ino: UInt64, newParent: UInt64, newName: [UInt8]) throws(FSError) -> Attributes {
+        try typed {
+            try check(name: newName)
+            return try mutate { s in
+                guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "cannot link the mount root") }
+                if n.kind == .directory { throw FSError(EPERM, "cannot hard-link a folder") }
+                var p = try writableDirectory(newParent)
+                if p.container != n.container { throw FSError(EXDEV, "hard links cannot cross containers") }
+                if state.children[p.ino]?[newName] != nil { throw FSError(EEXIST, "already exists") }
+                if n.nlink == 0 { throw FSError(ENOENT, "file was deleted") }
+                if n.nlink >= 65000 { throw FSError(EMLINK, "too many links") }
+                let now = nowNanoseconds()
+                n.nlink += 1
+                n.ctime = now
+                s.put(n)
+                s.add(.putDirent(DirentRecord(parent: p.ino, name: newName, child: n.ino)))
+                p.mtime = now
+                p.ctime = now
+                s.put(p)
+                return attributes(n, doc: docsLock.withLock { docs[n.ino] })
+            }
+            }
     }
 
     // MARK: - removing
 
-    public func unlink(parent: UInt64, name: [UInt8]) throws {
-        try remove(parent: parent, name: name, directory: false)
+    public func unlink(parent: UInt64, name: [UInt8]) throws(FSError) {
+        try typed {
+            try remove(parent: parent, name: name, directory: false)
+            }
     }
 
-    public func rmdir(parent: UInt64, name: [UInt8]) throws {
-        try remove(parent: parent, name: name, directory: true)
+    public func rmdir(parent: UInt64, name: [UInt8]) throws(FSError) {
+        try typed {
+            try remove(parent: parent, name: name, directory: true)
+            }
     }
 
     private func remove(parent: UInt64, name: [UInt8], directory: Bool) throws {
@@ -515,92 +539,94 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - rename
 
-    public func rename(parent: UInt64, name: [UInt8], newParent: UInt64, newName: [UInt8], flags: RenameFlags) throws {
-        try check(name: newName)
-        if name.count > nameMax { throw FSError(ENAMETOOLONG, "name too long") }
-        if flags.contains(.noReplace) && flags.contains(.exchange) { throw FSError(EINVAL, "RENAME_NOREPLACE with RENAME_EXCHANGE") }
-        if flags.rawValue & ~3 != 0 { throw FSError(EINVAL, "unsupported rename flags") }
-        try mutate { s in
-            let from = try writableDirectory(parent)
-            let to = try writableDirectory(newParent)
-            guard let srcIno = state.children[from.ino]?[name], var src = state.nodes[srcIno], visible(src) else {
-                throw FSError.noEntry()
-            }
-            if from.container != to.container { throw FSError(EXDEV, "cannot move between containers") }
-            try protectDocuments(parent: from, name: name)
-            let dstIno = state.children[to.ino]?[newName]
-            var dst = dstIno.flatMap { state.nodes[$0] }
-            if let d = dst, !visible(d) { throw FSError(EEXIST, "a folder the app made, hidden at this level, has that name") }
-            if dst != nil { try protectDocuments(parent: to, name: newName) }
-            if dstIno == srcIno { return }   // two names of one file: POSIX says do nothing
-            if flags.contains(.noReplace), dst != nil { throw FSError(EEXIST, "already exists") }
-            if flags.contains(.exchange), dst == nil { throw FSError.noEntry("nothing to exchange with") }
-            // A folder cannot move into itself.
-            if src.kind == .directory, isAncestor(src.ino, of: to.ino) { throw FSError(EINVAL, "cannot move a folder into itself") }
-            if flags.contains(.exchange), let d = dst, d.kind == .directory, isAncestor(d.ino, of: from.ino) {
-                throw FSError(EINVAL, "cannot move a folder into itself")
-            }
-            try checkLevels(moving: src, into: to)
-            if src.kind == .directory && from.ino != to.ino {
-                // Two writers moving folders into each other at once could make a cycle: this
-                // move holds only while every folder above its new place stays where it is.
-                var cur: InodeNumber? = to.ino
-                while let c = cur { s.expectUnchanged(c); cur = state.parent[c] }
-            }
-            if flags.contains(.exchange), let d = dst, d.kind == .directory, from.ino != to.ino {
-                var cur: InodeNumber? = from.ino
-                while let c = cur { s.expectUnchanged(c); cur = state.parent[c] }
-            }
-            if flags.contains(.exchange), let d = dst { try checkLevels(moving: d, into: from) }
-
-            let now = nowNanoseconds()
-            var parents: [InodeNumber: NodeRecord] = [from.ino: from]
-            parents[to.ino] = to
-            if flags.contains(.exchange), var d = dst {
-                s.add(.putDirent(DirentRecord(parent: from.ino, name: name, child: d.ino)))
-                s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
-                if from.ino != to.ino {
-                    if src.kind == .directory { parents[from.ino]!.nlink -= 1; parents[to.ino]!.nlink += 1 }
-                    if d.kind == .directory { parents[to.ino]!.nlink -= 1; parents[from.ino]!.nlink += 1 }
+    public func rename(parent: UInt64, name: [UInt8], newParent: UInt64, newName: [UInt8], flags: RenameFlags) throws(FSError) {
+        try typed {
+            try check(name: newName)
+            if name.count > nameMax { throw FSError(ENAMETOOLONG, "name too long") }
+            if flags.contains(.noReplace) && flags.contains(.exchange) { throw FSError(EINVAL, "RENAME_NOREPLACE with RENAME_EXCHANGE") }
+            if flags.rawValue & ~3 != 0 { throw FSError(EINVAL, "unsupported rename flags") }
+            try mutate { s in
+                let from = try writableDirectory(parent)
+                let to = try writableDirectory(newParent)
+                guard let srcIno = state.children[from.ino]?[name], var src = state.nodes[srcIno], visible(src) else {
+                    throw FSError.noEntry()
                 }
-                d.ctime = now
-                s.put(d)
-            } else {
-                if var d = dst {
-                    if src.kind == .directory {
-                        guard d.kind == .directory else { throw FSError.notDir("cannot replace a file with a folder") }
-                        if !(state.children[d.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "target folder is not empty") }
-                        s.add(.deleteDirent(parent: to.ino, name: newName))
-                        dropFolder(&s, &d, now: now)
-                        parents[to.ino]!.nlink -= 1
-                    } else {
-                        if d.kind == .directory { throw FSError(EISDIR, "cannot replace a folder with a file") }
-                        s.add(.deleteDirent(parent: to.ino, name: newName))
-                        // (The kernel's own reference to the replaced file does not count here.)
-                        let lastName = d.nlink == 1 && docsLock.withLock({ (docs[d.ino]?.opens ?? 0) == 0 })
-                        if lastName && d.kind == .regular && src.kind == .regular {
-                            // An editor's atomic save: the document's history goes on with the new file.
-                            s.add(.moveVersions(from: d.ino, to: src.ino))
-                        }
-                        dropLink(&s, &d, now: now)
-                    }
-                    dst = d
+                if from.container != to.container { throw FSError(EXDEV, "cannot move between containers") }
+                try protectDocuments(parent: from, name: name)
+                let dstIno = state.children[to.ino]?[newName]
+                var dst = dstIno.flatMap { state.nodes[$0] }
+                if let d = dst, !visible(d) { throw FSError(EEXIST, "a folder the app made, hidden at this level, has that name") }
+                if dst != nil { try protectDocuments(parent: to, name: newName) }
+                if dstIno == srcIno { return }   // two names of one file: POSIX says do nothing
+                if flags.contains(.noReplace), dst != nil { throw FSError(EEXIST, "already exists") }
+                if flags.contains(.exchange), dst == nil { throw FSError.noEntry("nothing to exchange with") }
+                // A folder cannot move into itself.
+                if src.kind == .directory, isAncestor(src.ino, of: to.ino) { throw FSError(EINVAL, "cannot move a folder into itself") }
+                if flags.contains(.exchange), let d = dst, d.kind == .directory, isAncestor(d.ino, of: from.ino) {
+                    throw FSError(EINVAL, "cannot move a folder into itself")
                 }
-                s.add(.deleteDirent(parent: from.ino, name: name))
-                s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
+                try checkLevels(moving: src, into: to)
                 if src.kind == .directory && from.ino != to.ino {
-                    parents[from.ino]!.nlink -= 1
-                    parents[to.ino]!.nlink += 1
+                    // Two writers moving folders into each other at once could make a cycle: this
+                    // move holds only while every folder above its new place stays where it is.
+                    var cur: InodeNumber? = to.ino
+                    while let c = cur { s.expectUnchanged(c); cur = state.parent[c] }
+                }
+                if flags.contains(.exchange), let d = dst, d.kind == .directory, from.ino != to.ino {
+                    var cur: InodeNumber? = from.ino
+                    while let c = cur { s.expectUnchanged(c); cur = state.parent[c] }
+                }
+                if flags.contains(.exchange), let d = dst { try checkLevels(moving: d, into: from) }
+
+                let now = nowNanoseconds()
+                var parents: [InodeNumber: NodeRecord] = [from.ino: from]
+                parents[to.ino] = to
+                if flags.contains(.exchange), var d = dst {
+                    s.add(.putDirent(DirentRecord(parent: from.ino, name: name, child: d.ino)))
+                    s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
+                    if from.ino != to.ino {
+                        if src.kind == .directory { parents[from.ino]!.nlink -= 1; parents[to.ino]!.nlink += 1 }
+                        if d.kind == .directory { parents[to.ino]!.nlink -= 1; parents[from.ino]!.nlink += 1 }
+                    }
+                    d.ctime = now
+                    s.put(d)
+                } else {
+                    if var d = dst {
+                        if src.kind == .directory {
+                            guard d.kind == .directory else { throw FSError.notDir("cannot replace a file with a folder") }
+                            if !(state.children[d.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "target folder is not empty") }
+                            s.add(.deleteDirent(parent: to.ino, name: newName))
+                            dropFolder(&s, &d, now: now)
+                            parents[to.ino]!.nlink -= 1
+                        } else {
+                            if d.kind == .directory { throw FSError(EISDIR, "cannot replace a folder with a file") }
+                            s.add(.deleteDirent(parent: to.ino, name: newName))
+                            // (The kernel's own reference to the replaced file does not count here.)
+                            let lastName = d.nlink == 1 && docsLock.withLock({ (docs[d.ino]?.opens ?? 0) == 0 })
+                            if lastName && d.kind == .regular && src.kind == .regular {
+                                // An editor's atomic save: the document's history goes on with the new file.
+                                s.add(.moveVersions(from: d.ino, to: src.ino))
+                            }
+                            dropLink(&s, &d, now: now)
+                        }
+                        dst = d
+                    }
+                    s.add(.deleteDirent(parent: from.ino, name: name))
+                    s.add(.putDirent(DirentRecord(parent: to.ino, name: newName, child: src.ino)))
+                    if src.kind == .directory && from.ino != to.ino {
+                        parents[from.ino]!.nlink -= 1
+                        parents[to.ino]!.nlink += 1
+                    }
+                }
+                src.ctime = now
+                s.put(src)
+                for var p in parents.values {
+                    p.mtime = now
+                    p.ctime = now
+                    s.put(p)
                 }
             }
-            src.ctime = now
-            s.put(src)
-            for var p in parents.values {
-                p.mtime = now
-                p.ctime = now
-                s.put(p)
             }
-        }
     }
 
     private func isAncestor(_ a: InodeNumber, of b: InodeNumber) -> Bool {
@@ -614,53 +640,55 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - setattr
 
-    public func setattr(_ ino: UInt64, _ changes: AttributeChanges, handle: UInt64?, caller: Caller) throws -> Attributes {
-        if let size = changes.size {
-            let doc = try document(for: ino, handle: handle)
-            defer { closeTemporary(doc, handle: handle) }
-            try ns.read {
-                guard case .node(let n) = try target(ino) else { throw FSError.readOnly("read-only") }
-                if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
-                if n.kind != .regular { throw FSError(EINVAL, "not a regular file") }
-            }
-            if size > UInt64(Int64.max) { throw FSError(EFBIG, "too large") }
-            let through = handle.flatMap { h in isFileHandle(h) ? h : nil }
-            do { try doc.truncate(to: size, handle: through) } catch { throw FSError(error) }
-        }
-        return try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError.readOnly("the mount root is read-only") }
-            let now = nowNanoseconds()
-            var changed = false
-            if let mode = changes.mode { n.mode = mode & 0o7777; changed = true }
-            if changes.uid != nil || changes.gid != nil {
-                if let uid = changes.uid { n.uid = uid }
-                if let gid = changes.gid { n.gid = gid }
-                // As the kernel does: a change of owner drops set-user-ID, and set-group-ID with group-exec.
-                if changes.mode == nil && n.kind != .directory {
-                    n.mode &= ~UInt32(S_ISUID)
-                    if n.mode & 0o010 != 0 { n.mode &= ~UInt32(S_ISGID) }
+    public func setattr(_ ino: UInt64, _ changes: AttributeChanges, handle: UInt64?, caller: Caller) throws(FSError) -> Attributes {
+        try typed {
+            if let size = changes.size {
+                let doc = try document(for: ino, handle: handle)
+                defer { closeTemporary(doc, handle: handle) }
+                try ns.read {
+                    guard case .node(let n) = try target(ino) else { throw FSError.readOnly("read-only") }
+                    if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
+                    if n.kind != .regular { throw FSError(EINVAL, "not a regular file") }
                 }
-                changed = true
+                if size > UInt64(Int64.max) { throw FSError(EFBIG, "too large") }
+                let through = handle.flatMap { h in isFileHandle(h) ? h : nil }
+                do { try doc.truncate(to: size, handle: through) } catch { throw FSError(error) }
             }
-            let doc = docsLock.withLock { docs[n.ino] }
-            if let a = changes.atime {
-                n.atime = { if case .at(let t) = a { return t } else { return now } }()
-                changed = true
+            return try mutate { s in
+                guard case .node(var n) = try target(ino) else { throw FSError.readOnly("the mount root is read-only") }
+                let now = nowNanoseconds()
+                var changed = false
+                if let mode = changes.mode { n.mode = mode & 0o7777; changed = true }
+                if changes.uid != nil || changes.gid != nil {
+                    if let uid = changes.uid { n.uid = uid }
+                    if let gid = changes.gid { n.gid = gid }
+                    // As the kernel does: a change of owner drops set-user-ID, and set-group-ID with group-exec.
+                    if changes.mode == nil && n.kind != .directory {
+                        n.mode &= ~UInt32(S_ISUID)
+                        if n.mode & 0o010 != 0 { n.mode &= ~UInt32(S_ISGID) }
+                    }
+                    changed = true
+                }
+                let doc = docsLock.withLock { docs[n.ino] }
+                if let a = changes.atime {
+                    n.atime = { if case .at(let t) = a { return t } else { return now } }()
+                    changed = true
+                }
+                if let m = changes.mtime {
+                    let t: Int64 = { if case .at(let t) = m { return t } else { return now } }()
+                    n.mtime = t
+                    doc?.setTimes(mtime: t)
+                    changed = true
+                }
+                if changes.size != nil { changed = true }
+                if changed {
+                    n.ctime = now
+                    doc?.setTimes(ctime: now)
+                    s.put(n)
+                }
+                return attributes(n, doc: doc)
             }
-            if let m = changes.mtime {
-                let t: Int64 = { if case .at(let t) = m { return t } else { return now } }()
-                n.mtime = t
-                doc?.setTimes(mtime: t)
-                changed = true
             }
-            if changes.size != nil { changed = true }
-            if changed {
-                n.ctime = now
-                doc?.setTimes(ctime: now)
-                s.put(n)
-            }
-            return attributes(n, doc: doc)
-        }
     }
 
     // MARK: - extended attributes (user.* only)
@@ -668,67 +696,77 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     private static let userPrefix = Array("user.".utf8)
     static let pidAttribute = Array("user.ubiquityfs.daemon-pid".utf8)
 
-    public func setxattr(_ ino: UInt64, name: [UInt8], value: [UInt8], flags: Int32) throws {
-        guard name.starts(with: Self.userPrefix), name.count > Self.userPrefix.count else {
-            throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported")
-        }
-        if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
-        if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
-        try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
-            let exists = state.xattrs[n.ino]?[name] != nil
-            if flags & xattrCreate != 0 && exists { throw FSError(EEXIST, "attribute exists") }
-            if flags & xattrReplace != 0 && !exists { throw FSError(ENODATA, "no such attribute") }
-            s.add(.putXattr(XattrRecord(ino: n.ino, name: name, value: value)))
-            n.ctime = nowNanoseconds()
-            s.put(n)
-        }
-    }
-
-    public func getxattr(_ ino: UInt64, name: [UInt8]) throws -> [UInt8] {
-        if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
-        return try ns.read {
-            guard case .node(let n) = try target(ino), let v = state.xattrs[n.ino]?[name] else {
-                throw FSError(ENODATA, "no such attribute")
+    public func setxattr(_ ino: UInt64, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
+        try typed {
+            guard name.starts(with: Self.userPrefix), name.count > Self.userPrefix.count else {
+                throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported")
             }
-            return v
-        }
+            if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
+            if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
+            try mutate { s in
+                guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
+                let exists = state.xattrs[n.ino]?[name] != nil
+                if flags & xattrCreate != 0 && exists { throw FSError(EEXIST, "attribute exists") }
+                if flags & xattrReplace != 0 && !exists { throw FSError(ENODATA, "no such attribute") }
+                s.add(.putXattr(XattrRecord(ino: n.ino, name: name, value: value)))
+                n.ctime = nowNanoseconds()
+                s.put(n)
+            }
+            }
     }
 
-    public func listxattr(_ ino: UInt64) throws -> [[UInt8]] {
-        try ns.read {
-            guard case .node(let n) = try target(ino) else { return [] }
-            return (state.xattrs[n.ino] ?? [:]).keys.sorted { $0.lexicographicallyPrecedes($1) }
-        }
+    public func getxattr(_ ino: UInt64, name: [UInt8]) throws(FSError) -> [UInt8] {
+        try typed {
+            if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
+            return try ns.read {
+                guard case .node(let n) = try target(ino), let v = state.xattrs[n.ino]?[name] else {
+                    throw FSError(ENODATA, "no such attribute")
+                }
+                return v
+            }
+            }
     }
 
-    public func removexattr(_ ino: UInt64, name: [UInt8]) throws {
-        try mutate { s in
-            guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
-            guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported") }
-            guard state.xattrs[n.ino]?[name] != nil else { throw FSError(ENODATA, "no such attribute") }
-            s.add(.deleteXattr(ino: n.ino, name: name))
-            n.ctime = nowNanoseconds()
-            s.put(n)
-        }
+    public func listxattr(_ ino: UInt64) throws(FSError) -> [[UInt8]] {
+        try typed {
+            try ns.read {
+                guard case .node(let n) = try target(ino) else { return [] }
+                return (state.xattrs[n.ino] ?? [:]).keys.sorted { $0.lexicographicallyPrecedes($1) }
+            }
+            }
+    }
+
+    public func removexattr(_ ino: UInt64, name: [UInt8]) throws(FSError) {
+        try typed {
+            try mutate { s in
+                guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
+                guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported") }
+                guard state.xattrs[n.ino]?[name] != nil else { throw FSError(ENODATA, "no such attribute") }
+                s.add(.deleteXattr(ino: n.ino, name: name))
+                n.ctime = nowNanoseconds()
+                s.put(n)
+            }
+            }
     }
 
     // MARK: - misc
 
     /// access(2) by mode bits (with `default_permissions` the kernel checks first; this serves
     /// `access` calls and model tests).
-    public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws {
-        let a = try getattr(ino)
-        if mask == F_OK { return }
-        if mask & W_OK != 0, ino == Self.rootID {
-            throw FSError(EACCES, "read-only folder")
-        }
-        if caller.uid == 0 {
-            if mask & X_OK != 0, a.kind != .directory, a.mode & 0o111 == 0 { throw FSError(EACCES, "not executable") }
-            return
-        }
-        let bits: UInt32 = caller.uid == a.uid ? (a.mode >> 6) & 7 : caller.gid == a.gid ? (a.mode >> 3) & 7 : a.mode & 7
-        if UInt32(mask) & ~bits & 7 != 0 { throw FSError(EACCES, "permission denied") }
+    public func access(_ ino: UInt64, mask: Int32, caller: Caller) throws(FSError) {
+        try typed {
+            let a = try getattr(ino)
+            if mask == F_OK { return }
+            if mask & W_OK != 0, ino == Self.rootID {
+                throw FSError(EACCES, "read-only folder")
+            }
+            if caller.uid == 0 {
+                if mask & X_OK != 0, a.kind != .directory, a.mode & 0o111 == 0 { throw FSError(EACCES, "not executable") }
+                return
+            }
+            let bits: UInt32 = caller.uid == a.uid ? (a.mode >> 6) & 7 : caller.gid == a.gid ? (a.mode >> 3) & 7 : a.mode & 7
+            if UInt32(mask) & ~bits & 7 != 0 { throw FSError(EACCES, "permission denied") }
+            }
     }
 
     public func statfs() -> FileSystemStatistics {

@@ -18,16 +18,18 @@ extension UbiquityFileSystem {
     }
 
     /// `F_GETLK`: the lock of another owner that a lock of `mode` on `range` would conflict with.
-    public func testLock(_ ino: UInt64, owner id: UInt64, mode: LockMode, range: LockRange) throws -> HeldLock? {
-        do { return try store.locks.test(ino, owner: owner(id, .posix), mode: mode, range: range) }
-        catch { throw FSError(error) }
+    public func testLock(_ ino: UInt64, owner id: UInt64, mode: LockMode, range: LockRange) throws(FSError) -> HeldLock? {
+        try typed {
+            do { return try store.locks.test(ino, owner: owner(id, .posix), mode: mode, range: range) }
+            catch { throw FSError(error) }
+            }
     }
 
     /// Take, change or drop (`mode` nil) a lock without waiting: `F_SETLK`, or `flock` with
     /// `LOCK_NB` (the range is then ignored). False when another owner's lock is in the way.
     /// `handle` is the open file the request came through (see `LockHandles`).
     public func setLock(_ ino: UInt64, owner id: UInt64, style: LockStyle, mode: LockMode?,
-                        range: LockRange = .wholeFile, pid: Int32, handle: UInt64? = nil) throws -> Bool {
+                        range: LockRange = .wholeFile, pid: Int32, handle: UInt64? = nil) throws(FSError) -> Bool {
         let done: Bool
         do { done = try store.locks.set(ino, owner: owner(id, style), mode: mode, range: range, pid: pid) }
         catch { throw FSError(error) }

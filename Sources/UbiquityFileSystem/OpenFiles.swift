@@ -9,22 +9,24 @@ extension UbiquityFileSystem {
     // MARK: - files
 
     /// Open (or share) the document of `ino`; counts as one open until `release`.
-    public func open(_ ino: UInt64, flags: Int32) throws -> UInt64 {
-        let doc = try acquireDocument(ino)
-        let h = docsLock.withLock { () -> UInt64 in
-            defer { nextHandle += 1 }
-            return nextHandle
-        }
-        if flags & O_TRUNC != 0 {
-            // Through the new handle, so the working copy is not finished until it closes.
-            do { try doc.truncate(to: 0, handle: h) } catch {
-                doc.released(handle: h)
-                try? releaseDocument(doc)
-                throw FSError(error)
+    public func open(_ ino: UInt64, flags: Int32) throws(FSError) -> UInt64 {
+        try typed {
+            let doc = try acquireDocument(ino)
+            let h = docsLock.withLock { () -> UInt64 in
+                defer { nextHandle += 1 }
+                return nextHandle
             }
-        }
-        docsLock.withLock { handles[h] = .file(doc, flags: flags) }
-        return h
+            if flags & O_TRUNC != 0 {
+                // Through the new handle, so the working copy is not finished until it closes.
+                do { try doc.truncate(to: 0, handle: h) } catch {
+                    doc.released(handle: h)
+                    try? releaseDocument(doc)
+                    throw FSError(error)
+                }
+            }
+            docsLock.withLock { handles[h] = .file(doc, flags: flags) }
+            return h
+            }
     }
 
     static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
@@ -67,51 +69,61 @@ extension UbiquityFileSystem {
         return (doc, flags)
     }
 
-    public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws -> Int {
-        let doc = try fileDocument(handle).0
-        do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
+    public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws(FSError) -> Int {
+        try typed {
+            let doc = try fileDocument(handle).0
+            do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
+            }
     }
 
-    public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
-        let (doc, flags) = try fileDocument(handle)
-        if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
-        if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
-        do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
-        return bytes.count
+    public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws(FSError) -> Int {
+        try typed {
+            let (doc, flags) = try fileDocument(handle)
+            if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
+            if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
+            do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
+            return bytes.count
+            }
     }
 
     /// Called on each close(2) of a descriptor, before close returns (the release that publishes
     /// comes later). All handles share one working copy, so there is nothing to write; but once
     /// no handle has changes it has not closed, the working copy is a finished document, and
     /// recovery after a crash makes it current (see `Document.flushed`).
-    public func flush(handle: UInt64) throws {
-        let (doc, flags) = try fileDocument(handle)
-        guard Self.mayWrite(flags) else { return }
-        do { try doc.flushed(handle: handle) } catch {
-            // Not fatal: the content is in the working copy, which recovery keeps as a version.
-            log("marking inode \(doc.ino) closed failed: \(error)")
-        }
+    public func flush(handle: UInt64) throws(FSError) {
+        try typed {
+            let (doc, flags) = try fileDocument(handle)
+            guard Self.mayWrite(flags) else { return }
+            do { try doc.flushed(handle: handle) } catch {
+                // Not fatal: the content is in the working copy, which recovery keeps as a version.
+                log("marking inode \(doc.ino) closed failed: \(error)")
+            }
+            }
     }
 
     /// fsync: publish the working copy durably, so the data survives a crash as the current version.
-    public func fsync(handle: UInt64, dataOnly: Bool) throws {
-        let (doc, _) = try fileDocument(handle)
-        do {
-            if doc.hasUnpublishedChanges {
-                try publish(doc, durable: true)
-            } else {
-                try store.durability.sync()
+    public func fsync(handle: UInt64, dataOnly: Bool) throws(FSError) {
+        try typed {
+            let (doc, _) = try fileDocument(handle)
+            do {
+                if doc.hasUnpublishedChanges {
+                    try publish(doc, durable: true)
+                } else {
+                    try store.durability.sync()
+                }
+            } catch { throw FSError(error) }
             }
-        } catch { throw FSError(error) }
     }
 
-    public func release(handle: UInt64) throws {
-        guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
-            throw FSError(EBADF, "not a file handle")
-        }
-        if Self.mayWrite(flags) { doc.released(handle: handle) }
-        releaseLocks(ofHandle: handle)
-        try releaseDocument(doc)
+    public func release(handle: UInt64) throws(FSError) {
+        try typed {
+            guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
+                throw FSError(EBADF, "not a file handle")
+            }
+            if Self.mayWrite(flags) { doc.released(handle: handle) }
+            releaseLocks(ofHandle: handle)
+            try releaseDocument(doc)
+            }
     }
 
     /// One open of `doc` ended. On the last one, publish it (or, if the file was deleted, drop it).
@@ -146,7 +158,9 @@ extension UbiquityFileSystem {
     }
 
     /// fsync on a folder: make every namespace change so far durable.
-    public func fsyncDirectory() throws {
-        do { try store.durability.syncMetadata() } catch { throw FSError(error) }
+    public func fsyncDirectory() throws(FSError) {
+        try typed {
+            do { try store.durability.syncMetadata() } catch { throw FSError(error) }
+            }
     }
 }

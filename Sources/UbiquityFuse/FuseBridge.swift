@@ -37,19 +37,13 @@ private func name(_ p: UnsafePointer<CChar>?) -> [UInt8] {
     return Array(UnsafeRawBufferPointer(start: p, count: strlen(p)))
 }
 
-private func errnoOf(_ error: Error) -> Int32 {
-    if let e = error as? FSError { return e.errno }
-    if let e = error as? StoreError { return e.errno }
-    return EIO
-}
-
-/// Reply with the error and log it, unless it is a routine miss.
-private func fail(_ req: fuse_req_t?, _ op: String, _ ino: UInt64, _ error: Error, quiet: Set<Int32> = []) {
-    let e = errnoOf(error)
-    if !quiet.contains(e) {
-        bridge(req).log("\(op) node \(ino): \(errnoName(e)): \(error)")
+/// Reply with the error and log it, unless it is a routine miss. The model's operations throw
+/// only `FSError`, so the errno is the model's.
+private func fail(_ req: fuse_req_t?, _ op: String, _ ino: UInt64, _ error: FSError, quiet: Set<Int32> = []) {
+    if !quiet.contains(error.errno) {
+        bridge(req).log("\(op) node \(ino): \(errnoName(error.errno)): \(error.message)")
     }
-    fuse_reply_err(req, e)
+    fuse_reply_err(req, error.errno)
 }
 
 private func timespecOf(_ ns: Int64) -> timespec {
@@ -120,7 +114,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.lookup = { req, parent, cname in
-        do { replyEntry(req, try bridge(req).fs.lookup(parent: parent, name: name(cname))) }
+        do throws(FSError) { replyEntry(req, try bridge(req).fs.lookup(parent: parent, name: name(cname))) }
         catch { fail(req, "lookup", parent, error, quiet: [ENOENT, ENAMETOOLONG]) }
     }
 
@@ -138,7 +132,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.getattr = { req, ino, _ in
-        do { replyAttr(req, try bridge(req).fs.getattr(ino)) }
+        do throws(FSError) { replyAttr(req, try bridge(req).fs.getattr(ino)) }
         catch { fail(req, "getattr", ino, error, quiet: [ENOENT]) }
     }
 
@@ -154,14 +148,14 @@ func makeOperations() -> fuse_lowlevel_ops {
         else if toSet & FUSE_SET_ATTR_ATIME != 0 { c.atime = .at(nanoseconds(a.st_atim)) }
         if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 { c.mtime = .now }
         else if toSet & FUSE_SET_ATTR_MTIME != 0 { c.mtime = .at(nanoseconds(a.st_mtim)) }
-        do {
+        do throws(FSError) {
             let h: UInt64? = fi.map { $0.pointee.fh }
             replyAttr(req, try bridge(req).fs.setattr(ino, c, handle: h, caller: caller(req)))
         } catch { fail(req, "setattr", ino, error) }
     }
 
     ops.readlink = { req, ino in
-        do {
+        do throws(FSError) {
             var target = try bridge(req).fs.readlink(ino)
             target.append(0)
             target.withUnsafeBufferPointer { p in
@@ -171,32 +165,32 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.mknod = { req, parent, cname, mode, rdev in
-        do { replyEntry(req, try bridge(req).fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req))) }
+        do throws(FSError) { replyEntry(req, try bridge(req).fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req))) }
         catch { fail(req, "mknod", parent, error, quiet: [EEXIST]) }
     }
 
     ops.mkdir = { req, parent, cname, mode in
-        do { replyEntry(req, try bridge(req).fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: caller(req))) }
+        do throws(FSError) { replyEntry(req, try bridge(req).fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: caller(req))) }
         catch { fail(req, "mkdir", parent, error, quiet: [EEXIST]) }
     }
 
     ops.unlink = { req, parent, cname in
-        do { try bridge(req).fs.unlink(parent: parent, name: name(cname)); fuse_reply_err(req, 0) }
+        do throws(FSError) { try bridge(req).fs.unlink(parent: parent, name: name(cname)); fuse_reply_err(req, 0) }
         catch { fail(req, "unlink", parent, error, quiet: [ENOENT]) }
     }
 
     ops.rmdir = { req, parent, cname in
-        do { try bridge(req).fs.rmdir(parent: parent, name: name(cname)); fuse_reply_err(req, 0) }
+        do throws(FSError) { try bridge(req).fs.rmdir(parent: parent, name: name(cname)); fuse_reply_err(req, 0) }
         catch { fail(req, "rmdir", parent, error, quiet: [ENOENT, ENOTEMPTY]) }
     }
 
     ops.symlink = { req, link, parent, cname in
-        do { replyEntry(req, try bridge(req).fs.symlink(parent: parent, name: name(cname), target: name(link), caller: caller(req))) }
+        do throws(FSError) { replyEntry(req, try bridge(req).fs.symlink(parent: parent, name: name(cname), target: name(link), caller: caller(req))) }
         catch { fail(req, "symlink", parent, error, quiet: [EEXIST]) }
     }
 
     ops.rename = { req, parent, cname, newParent, newName, flags in
-        do {
+        do throws(FSError) {
             try bridge(req).fs.rename(parent: parent, name: name(cname), newParent: newParent, newName: name(newName),
                                       flags: RenameFlags(rawValue: UInt32(flags)))
             fuse_reply_err(req, 0)
@@ -204,13 +198,13 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.link = { req, ino, newParent, newName in
-        do { replyEntry(req, try bridge(req).fs.link(ino, newParent: newParent, newName: name(newName))) }
+        do throws(FSError) { replyEntry(req, try bridge(req).fs.link(ino, newParent: newParent, newName: name(newName))) }
         catch { fail(req, "link", ino, error) }
     }
 
     ops.open = { req, ino, fi in
         guard let fi else { fuse_reply_err(req, EINVAL); return }
-        do {
+        do throws(FSError) {
             fi.pointee.fh = try bridge(req).fs.open(ino, flags: fi.pointee.flags)
             if fuse_reply_open(req, fi) != 0 { try? bridge(req).fs.release(handle: fi.pointee.fh) }
         } catch { fail(req, "open", ino, error) }
@@ -218,7 +212,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.create = { req, parent, cname, mode, fi in
         guard let fi else { fuse_reply_err(req, EINVAL); return }
-        do {
+        do throws(FSError) {
             let (attrs, handle) = try bridge(req).fs.create(parent: parent, name: name(cname), mode: UInt32(mode),
                                                             flags: fi.pointee.flags, caller: caller(req))
             fi.pointee.fh = handle
@@ -234,7 +228,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.read = { req, ino, size, off, fi in
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 4096)
         defer { buffer.deallocate() }
-        do {
+        do throws(FSError) {
             let n = try bridge(req).fs.read(handle: fileHandle(fi), offset: UInt64(off),
                                            into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]))
             fuse_reply_buf(req, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), n)
@@ -242,7 +236,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.write = { req, ino, buf, size, off, fi in
-        do {
+        do throws(FSError) {
             let n = try bridge(req).fs.write(handle: fileHandle(fi), offset: UInt64(off),
                                             bytes: UnsafeRawBufferPointer(start: buf, count: size))
             fuse_reply_write(req, n)
@@ -253,7 +247,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let fs = bridge(req).fs
         // close(2) of any descriptor drops the closing process's POSIX locks on the file.
         if let fi { fs.releaseLocks(ino, owner: fi.pointee.lock_owner, style: .posix) }
-        do { try fs.flush(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
+        do throws(FSError) { try fs.flush(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
         catch { fail(req, "flush", ino, error) }
     }
 
@@ -261,13 +255,13 @@ func makeOperations() -> fuse_lowlevel_ops {
         let fs = bridge(req).fs
         // The last close of an open file description drops its flock lock.
         if let fi, fi.pointee.flock_release != 0 { fs.releaseLocks(ino, owner: fi.pointee.lock_owner, style: .flock) }
-        do { try fs.release(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
+        do throws(FSError) { try fs.release(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
         catch { fail(req, "release", ino, error) }
     }
 
     ops.getlk = { req, ino, fi, lock in
         guard let fi, let lock, let mode = lockMode(lock.pointee.l_type) else { fuse_reply_err(req, EINVAL); return }
-        do {
+        do throws(FSError) {
             let range = LockRange(start: Int64(lock.pointee.l_start), length: Int64(lock.pointee.l_len))
             var answer = flock()
             answer.l_whence = Int16(SEEK_SET)
@@ -309,13 +303,13 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.fsync = { req, ino, datasync, fi in
-        do { try bridge(req).fs.fsync(handle: fileHandle(fi), dataOnly: datasync != 0); fuse_reply_err(req, 0) }
+        do throws(FSError) { try bridge(req).fs.fsync(handle: fileHandle(fi), dataOnly: datasync != 0); fuse_reply_err(req, 0) }
         catch { fail(req, "fsync", ino, error) }
     }
 
     ops.opendir = { req, ino, fi in
         guard let fi else { fuse_reply_err(req, EINVAL); return }
-        do {
+        do throws(FSError) {
             fi.pointee.fh = try bridge(req).fs.opendir(ino)
             if fuse_reply_open(req, fi) != 0 { bridge(req).fs.releasedir(handle: fi.pointee.fh) }
         } catch { fail(req, "opendir", ino, error) }
@@ -336,7 +330,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.fsyncdir = { req, ino, _, _ in
         // Namespace changes are committed (not synced) before each reply; make them durable.
-        do { try bridge(req).fs.fsyncDirectory(); fuse_reply_err(req, 0) }
+        do throws(FSError) { try bridge(req).fs.fsyncDirectory(); fuse_reply_err(req, 0) }
         catch { fail(req, "fsyncdir", ino, error) }
     }
 
@@ -356,7 +350,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.setxattr = { req, ino, cname, value, size, flags in
-        do {
+        do throws(FSError) {
             let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
             try bridge(req).fs.setxattr(ino, name: name(cname), value: bytes, flags: flags)
             fuse_reply_err(req, 0)
@@ -364,7 +358,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.getxattr = { req, ino, cname, size in
-        do {
+        do throws(FSError) {
             let v = try bridge(req).fs.getxattr(ino, name: name(cname))
             if size == 0 { fuse_reply_xattr(req, v.count) }
             else if size < v.count { fuse_reply_err(req, ERANGE) }
@@ -373,7 +367,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.listxattr = { req, ino, size in
-        do {
+        do throws(FSError) {
             var out: [UInt8] = []
             for n in try bridge(req).fs.listxattr(ino) { out += n; out.append(0) }
             if size == 0 { fuse_reply_xattr(req, out.count) }
@@ -383,12 +377,12 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.removexattr = { req, ino, cname in
-        do { try bridge(req).fs.removexattr(ino, name: name(cname)); fuse_reply_err(req, 0) }
+        do throws(FSError) { try bridge(req).fs.removexattr(ino, name: name(cname)); fuse_reply_err(req, 0) }
         catch { fail(req, "removexattr", ino, error, quiet: [ENODATA]) }
     }
 
     ops.access = { req, ino, mask in
-        do { try bridge(req).fs.access(ino, mask: mask, caller: caller(req)); fuse_reply_err(req, 0) }
+        do throws(FSError) { try bridge(req).fs.access(ino, mask: mask, caller: caller(req)); fuse_reply_err(req, 0) }
         catch { fail(req, "access", ino, error, quiet: [EACCES]) }
     }
 
@@ -408,7 +402,7 @@ private func lockMode(_ type: Int16) -> LockMode? {
 private func setLock(_ req: fuse_req_t?, _ ino: fuse_ino_t, owner: UInt64, style: LockStyle, mode: LockMode?,
                      range: LockRange, pid: Int32, handle: UInt64, wait: Bool) {
     let fs = bridge(req).fs
-    do {
+    do throws(FSError) {
         if try fs.setLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle) {
             fuse_reply_err(req, 0)
         } else if let mode, wait {
@@ -440,7 +434,7 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
                      _ fi: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
     let b = bridge(req)
     let entries: [DirectoryEntry]
-    do { entries = try b.fs.readdir(handle: fileHandle(fi), offset: Int(off)) } catch {
+    do throws(FSError) { entries = try b.fs.readdir(handle: fileHandle(fi), offset: Int(off)) } catch {
         fail(req, "readdir", ino, error)
         return
     }
