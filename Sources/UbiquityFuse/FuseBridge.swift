@@ -1,8 +1,9 @@
 // The FUSE bridge: libfuse3's low-level API adapted to UbiquityFileSystem. This is the only file
-// that imports the libfuse shim. Each callback converts C arguments to plain values, calls the
-// model with no lock held, and replies exactly once. Failures are replied with the model's errno
-// and logged with the operation, node and errno (routine misses, such as a lookup of a name that
-// does not exist, are not logged).
+// that imports the libfuse shim. Each callback makes a `Request` (answered exactly once by
+// construction), converts C arguments to plain values, calls the model with no lock held, and
+// answers through the request. Failures are answered with the model's errno and logged with the
+// operation, node and errno (routine misses, such as a lookup of a name that does not exist, are
+// not logged).
 
 import CFuse
 import Foundation
@@ -21,29 +22,9 @@ final class Bridge: @unchecked Sendable {
     }
 }
 
-@inline(__always)
-private func bridge(_ req: fuse_req_t?) -> Bridge {
-    // The session's userdata is an Unmanaged<Bridge> retained by FuseSession for the session's life.
-    Unmanaged<Bridge>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
-}
-
-private func caller(_ req: fuse_req_t?) -> Caller {
-    let ctx = fuse_req_ctx(req)!.pointee
-    return Caller(uid: ctx.uid, gid: ctx.gid, pid: ctx.pid)
-}
-
 private func name(_ p: UnsafePointer<CChar>?) -> [UInt8] {
     guard let p else { return [] }
     return Array(UnsafeRawBufferPointer(start: p, count: strlen(p)))
-}
-
-/// Reply with the error and log it, unless it is a routine miss. The model's operations throw
-/// only `FSError`, so the errno is the model's.
-private func fail(_ req: fuse_req_t?, _ op: String, _ ino: UInt64, _ error: FSError, quiet: Set<Int32> = []) {
-    if !quiet.contains(error.errno) {
-        bridge(req).log("\(op) node \(ino): \(errnoName(error.errno)): \(error.message)")
-    }
-    fuse_reply_err(req, error.errno)
 }
 
 private func timespecOf(_ ns: Int64) -> timespec {
@@ -82,22 +63,184 @@ private func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_para
     return e
 }
 
-/// Reply with an entry; the kernel now holds one more reference to the node (until `forget`).
-private func replyEntry(_ req: fuse_req_t?, _ a: Attributes) {
-    var e = entryOf(a, bridge(req).cacheSeconds)
-    let fs = bridge(req).fs
-    fs.remember(a.ino)
-    if fuse_reply_entry(req, &e) != 0 { fs.forget(a.ino, count: 1) }
+/// One kernel request, answered exactly once by construction: every reply consumes it, so a
+/// second reply does not compile, and one dropped without a reply (a bug) is answered EIO by
+/// `deinit` and logged. Failures are answered with the model's errno and logged with the
+/// operation, node and errno, except routine misses (`quiet`), such as a lookup of a name that
+/// does not exist.
+struct Request: ~Copyable {
+    let req: fuse_req_t?
+    init(_ req: fuse_req_t?) { self.req = req }
+
+    var bridge: Bridge {
+        // The session's userdata is an Unmanaged<Bridge> retained by FuseSession for its life.
+        Unmanaged<Bridge>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    }
+    var fs: UbiquityFileSystem { bridge.fs }
+    var caller: Caller {
+        let ctx = fuse_req_ctx(req)!.pointee
+        return Caller(uid: ctx.uid, gid: ctx.gid, pid: ctx.pid)
+    }
+
+    deinit {
+        bridge.log("internal error: a request was left without a reply; answered EIO")
+        fuse_reply_err(req, EIO)
+    }
+
+    consuming func ok() {
+        fuse_reply_err(req, 0)
+        discard self
+    }
+
+    consuming func error(_ code: Int32) {
+        fuse_reply_err(req, code)
+        discard self
+    }
+
+    consuming func fail(_ op: String, _ ino: UInt64, _ error: FSError, quiet: Set<Int32> = []) {
+        if !quiet.contains(error.errno) {
+            bridge.log("\(op) node \(ino): \(errnoName(error.errno)): \(error.message)")
+        }
+        self.error(error.errno)
+    }
+
+    /// An entry: the kernel now holds one more reference to the node (until `forget`), counted
+    /// here, and taken back if the reply does not reach the kernel.
+    consuming func entry(_ a: Attributes) {
+        var e = entryOf(a, bridge.cacheSeconds)
+        let fs = self.fs
+        fs.remember(a.ino)
+        if fuse_reply_entry(req, &e) != 0 { fs.forget(a.ino, count: 1) }
+        discard self
+    }
+
+    consuming func attr(_ a: Attributes) {
+        var st = statOf(a)
+        fuse_reply_attr(req, &st, bridge.cacheSeconds)
+        discard self
+    }
+
+    /// An open handle; `undo` closes it if the reply does not reach the kernel.
+    consuming func opened(_ fi: UnsafeMutablePointer<fuse_file_info>, undo: () -> Void) {
+        if fuse_reply_open(req, fi) != 0 { undo() }
+        discard self
+    }
+
+    consuming func created(_ a: Attributes, _ fi: UnsafeMutablePointer<fuse_file_info>, undo: () -> Void) {
+        var e = entryOf(a, bridge.cacheSeconds)
+        let fs = self.fs
+        fs.remember(a.ino)
+        if fuse_reply_create(req, &e, fi) != 0 {
+            fs.forget(a.ino, count: 1)
+            undo()
+        }
+        discard self
+    }
+
+    /// Bytes (read, readlink, getxattr, a readdir page). False if the kernel did not get them.
+    @discardableResult
+    consuming func bytes(_ p: UnsafeRawPointer?, _ count: Int) -> Bool {
+        let rc = fuse_reply_buf(req, p?.assumingMemoryBound(to: CChar.self), count)
+        discard self
+        return rc == 0
+    }
+
+    consuming func written(_ count: Int) {
+        fuse_reply_write(req, count)
+        discard self
+    }
+
+    consuming func xattrSize(_ count: Int) {
+        fuse_reply_xattr(req, count)
+        discard self
+    }
+
+    consuming func statfs(_ v: inout statvfs) {
+        fuse_reply_statfs(req, &v)
+        discard self
+    }
+
+    consuming func lock(_ l: inout flock) {
+        fuse_reply_lock(req, &l)
+        discard self
+    }
+
+    /// forget and forget_multi take no answer; libfuse still frees the request.
+    consuming func none() {
+        fuse_reply_none(req)
+        discard self
+    }
+
+    /// Answered later, from another thread.
+    consuming func pending() -> PendingRequest { PendingRequest(self) }
+
+    // The shapes most operations take: run the model, answer its result or its error.
+
+    consuming func run(_ op: String, _ ino: UInt64, quiet: Set<Int32> = [], _ body: () throws(FSError) -> Void) {
+        do throws(FSError) { try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        ok()
+    }
+
+    consuming func entry(_ op: String, _ ino: UInt64, quiet: Set<Int32> = [], _ body: () throws(FSError) -> Attributes) {
+        let a: Attributes
+        do throws(FSError) { a = try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        entry(a)
+    }
+
+    consuming func attr(_ op: String, _ ino: UInt64, quiet: Set<Int32> = [], _ body: () throws(FSError) -> Attributes) {
+        let a: Attributes
+        do throws(FSError) { a = try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        attr(a)
+    }
+
+    /// An attribute value or list: its size when the caller asks with size 0, ERANGE when it
+    /// does not fit.
+    consuming func xattrValue(_ op: String, _ ino: UInt64, size: Int, quiet: Set<Int32> = [],
+                              _ body: () throws(FSError) -> [UInt8]) {
+        let v: [UInt8]
+        do throws(FSError) { v = try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        if size == 0 { xattrSize(v.count) }
+        else if size < v.count { error(ERANGE) }
+        else {
+            // `self` cannot be consumed inside the closure that lends the bytes: reply with the
+            // raw request there, and end `self` as answered after.
+            let p = req
+            v.withUnsafeBytes { _ = fuse_reply_buf(p, $0.baseAddress?.assumingMemoryBound(to: CChar.self), v.count) }
+            answered()
+        }
+    }
 }
 
-private func replyAttr(_ req: fuse_req_t?, _ a: Attributes) {
-    var st = statOf(a)
-    fuse_reply_attr(req, &st, bridge(req).cacheSeconds)
+/// A request that waits (a lock) and is answered later from another thread: once, whoever
+/// answers first; never answered, it is answered EIO when it goes.
+final class PendingRequest: @unchecked Sendable {
+    private let lock = NSLock()
+    private var request: Request?   // guarded by lock
+    private let req: fuse_req_t?
+
+    init(_ request: consuming Request) {
+        req = request.req
+        self.request = consume request
+    }
+
+    /// Whether the caller was interrupted by a signal (only asked before the answer).
+    var interrupted: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return request != nil && fuse_req_interrupted(req) != 0
+    }
+
+    func answer(_ code: Int32) {
+        lock.lock()
+        let r = request.take()
+        lock.unlock()
+        r?.error(code)
+    }
 }
 
 private func fileHandle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> UInt64 { fi?.pointee.fh ?? 0 }
 
-/// Builds the operation table. Every entry replies exactly once on every path.
+/// Builds the operation table. Each entry makes its `Request` first and answers it through it.
 func makeOperations() -> fuse_lowlevel_ops {
     var ops = fuse_lowlevel_ops()
 
@@ -114,30 +257,34 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.lookup = { req, parent, cname in
-        do throws(FSError) { replyEntry(req, try bridge(req).fs.lookup(parent: parent, name: name(cname))) }
-        catch { fail(req, "lookup", parent, error, quiet: [ENOENT, ENAMETOOLONG]) }
+        let r = Request(req), fs = r.fs
+        r.entry("lookup", parent, quiet: [ENOENT, ENAMETOOLONG]) { () throws(FSError) in
+            try fs.lookup(parent: parent, name: name(cname))
+        }
     }
 
     ops.forget = { req, ino, count in
-        bridge(req).fs.forget(ino, count: count)
-        fuse_reply_none(req)
+        let r = Request(req)
+        r.fs.forget(ino, count: count)
+        r.none()
     }
 
     ops.forget_multi = { req, count, forgets in
-        let fs = bridge(req).fs
+        let r = Request(req), fs = r.fs
         for i in 0..<count {
             if let f = forgets?[i] { fs.forget(f.ino, count: f.nlookup) }
         }
-        fuse_reply_none(req)
+        r.none()
     }
 
     ops.getattr = { req, ino, _ in
-        do throws(FSError) { replyAttr(req, try bridge(req).fs.getattr(ino)) }
-        catch { fail(req, "getattr", ino, error, quiet: [ENOENT]) }
+        let r = Request(req), fs = r.fs
+        r.attr("getattr", ino, quiet: [ENOENT]) { () throws(FSError) in try fs.getattr(ino) }
     }
 
     ops.setattr = { req, ino, attr, toSet, fi in
-        guard let attr else { fuse_reply_err(req, EINVAL); return }
+        let r = Request(req), fs = r.fs, who = r.caller
+        guard let attr else { r.error(EINVAL); return }
         let a = attr.pointee
         var c = AttributeChanges()
         if toSet & FUSE_SET_ATTR_MODE != 0 { c.mode = UInt32(a.st_mode) }
@@ -148,194 +295,199 @@ func makeOperations() -> fuse_lowlevel_ops {
         else if toSet & FUSE_SET_ATTR_ATIME != 0 { c.atime = .at(nanoseconds(a.st_atim)) }
         if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 { c.mtime = .now }
         else if toSet & FUSE_SET_ATTR_MTIME != 0 { c.mtime = .at(nanoseconds(a.st_mtim)) }
-        do throws(FSError) {
-            let h: UInt64? = fi.map { $0.pointee.fh }
-            replyAttr(req, try bridge(req).fs.setattr(ino, c, handle: h, caller: caller(req)))
-        } catch { fail(req, "setattr", ino, error) }
+        let h: UInt64? = fi.map { $0.pointee.fh }
+        r.attr("setattr", ino) { () throws(FSError) in try fs.setattr(ino, c, handle: h, caller: who) }
     }
 
     ops.readlink = { req, ino in
-        do throws(FSError) {
-            var target = try bridge(req).fs.readlink(ino)
-            target.append(0)
-            target.withUnsafeBufferPointer { p in
-                p.baseAddress!.withMemoryRebound(to: CChar.self, capacity: p.count) { _ = fuse_reply_readlink(req, $0) }
-            }
-        } catch { fail(req, "readlink", ino, error) }
+        let r = Request(req)
+        let target: [UInt8]
+        do throws(FSError) { target = try r.fs.readlink(ino) } catch { r.fail("readlink", ino, error); return }
+        r.link(target)
     }
 
     ops.mknod = { req, parent, cname, mode, rdev in
-        do throws(FSError) { replyEntry(req, try bridge(req).fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: caller(req))) }
-        catch { fail(req, "mknod", parent, error, quiet: [EEXIST]) }
+        let r = Request(req), fs = r.fs, who = r.caller
+        r.entry("mknod", parent, quiet: [EEXIST]) { () throws(FSError) in
+            try fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: who)
+        }
     }
 
     ops.mkdir = { req, parent, cname, mode in
-        do throws(FSError) { replyEntry(req, try bridge(req).fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: caller(req))) }
-        catch { fail(req, "mkdir", parent, error, quiet: [EEXIST]) }
+        let r = Request(req), fs = r.fs, who = r.caller
+        r.entry("mkdir", parent, quiet: [EEXIST]) { () throws(FSError) in
+            try fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: who)
+        }
     }
 
     ops.unlink = { req, parent, cname in
-        do throws(FSError) { try bridge(req).fs.unlink(parent: parent, name: name(cname)); fuse_reply_err(req, 0) }
-        catch { fail(req, "unlink", parent, error, quiet: [ENOENT]) }
+        let r = Request(req), fs = r.fs
+        r.run("unlink", parent, quiet: [ENOENT]) { () throws(FSError) in try fs.unlink(parent: parent, name: name(cname)) }
     }
 
     ops.rmdir = { req, parent, cname in
-        do throws(FSError) { try bridge(req).fs.rmdir(parent: parent, name: name(cname)); fuse_reply_err(req, 0) }
-        catch { fail(req, "rmdir", parent, error, quiet: [ENOENT, ENOTEMPTY]) }
+        let r = Request(req), fs = r.fs
+        r.run("rmdir", parent, quiet: [ENOENT, ENOTEMPTY]) { () throws(FSError) in try fs.rmdir(parent: parent, name: name(cname)) }
     }
 
     ops.symlink = { req, link, parent, cname in
-        do throws(FSError) { replyEntry(req, try bridge(req).fs.symlink(parent: parent, name: name(cname), target: name(link), caller: caller(req))) }
-        catch { fail(req, "symlink", parent, error, quiet: [EEXIST]) }
+        let r = Request(req), fs = r.fs, who = r.caller
+        r.entry("symlink", parent, quiet: [EEXIST]) { () throws(FSError) in
+            try fs.symlink(parent: parent, name: name(cname), target: name(link), caller: who)
+        }
     }
 
     ops.rename = { req, parent, cname, newParent, newName, flags in
-        do throws(FSError) {
-            try bridge(req).fs.rename(parent: parent, name: name(cname), newParent: newParent, newName: name(newName),
-                                      flags: RenameFlags(rawValue: UInt32(flags)))
-            fuse_reply_err(req, 0)
-        } catch { fail(req, "rename", parent, error, quiet: [ENOENT, ENOTEMPTY, EEXIST]) }
+        let r = Request(req), fs = r.fs
+        r.run("rename", parent, quiet: [ENOENT, ENOTEMPTY, EEXIST]) { () throws(FSError) in
+            try fs.rename(parent: parent, name: name(cname), newParent: newParent, newName: name(newName),
+                          flags: RenameFlags(rawValue: UInt32(flags)))
+        }
     }
 
     ops.link = { req, ino, newParent, newName in
-        do throws(FSError) { replyEntry(req, try bridge(req).fs.link(ino, newParent: newParent, newName: name(newName))) }
-        catch { fail(req, "link", ino, error) }
+        let r = Request(req), fs = r.fs
+        r.entry("link", ino) { () throws(FSError) in try fs.link(ino, newParent: newParent, newName: name(newName)) }
     }
 
     ops.open = { req, ino, fi in
-        guard let fi else { fuse_reply_err(req, EINVAL); return }
-        do throws(FSError) {
-            fi.pointee.fh = try bridge(req).fs.open(ino, flags: fi.pointee.flags)
-            if fuse_reply_open(req, fi) != 0 { try? bridge(req).fs.release(handle: fi.pointee.fh) }
-        } catch { fail(req, "open", ino, error) }
+        let r = Request(req), fs = r.fs
+        guard let fi else { r.error(EINVAL); return }
+        do throws(FSError) { fi.pointee.fh = try fs.open(ino, flags: fi.pointee.flags) } catch { r.fail("open", ino, error); return }
+        r.opened(fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 
     ops.create = { req, parent, cname, mode, fi in
-        guard let fi else { fuse_reply_err(req, EINVAL); return }
+        let r = Request(req), fs = r.fs
+        guard let fi else { r.error(EINVAL); return }
+        let attrs: Attributes
         do throws(FSError) {
-            let (attrs, handle) = try bridge(req).fs.create(parent: parent, name: name(cname), mode: UInt32(mode),
-                                                            flags: fi.pointee.flags, caller: caller(req))
+            let (a, handle) = try fs.create(parent: parent, name: name(cname), mode: UInt32(mode),
+                                            flags: fi.pointee.flags, caller: r.caller)
+            attrs = a
             fi.pointee.fh = handle
-            var e = entryOf(attrs, bridge(req).cacheSeconds)
-            bridge(req).fs.remember(attrs.ino)
-            if fuse_reply_create(req, &e, fi) != 0 {
-                bridge(req).fs.forget(attrs.ino, count: 1)
-                try? bridge(req).fs.release(handle: handle)
-            }
-        } catch { fail(req, "create", parent, error, quiet: [EEXIST]) }
+        } catch { r.fail("create", parent, error, quiet: [EEXIST]); return }
+        r.created(attrs, fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 
     ops.read = { req, ino, size, off, fi in
+        let r = Request(req)
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 4096)
         defer { buffer.deallocate() }
+        let n: Int
         do throws(FSError) {
-            let n = try bridge(req).fs.read(handle: fileHandle(fi), offset: UInt64(off),
-                                           into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]))
-            fuse_reply_buf(req, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), n)
-        } catch { fail(req, "read", ino, error) }
+            n = try r.fs.read(handle: fileHandle(fi), offset: UInt64(off),
+                              into: UnsafeMutableRawBufferPointer(rebasing: buffer[0..<size]))
+        } catch { r.fail("read", ino, error); return }
+        r.bytes(buffer.baseAddress, n)
     }
 
     ops.write = { req, ino, buf, size, off, fi in
+        let r = Request(req)
+        let n: Int
         do throws(FSError) {
-            let n = try bridge(req).fs.write(handle: fileHandle(fi), offset: UInt64(off),
-                                            bytes: UnsafeRawBufferPointer(start: buf, count: size))
-            fuse_reply_write(req, n)
-        } catch { fail(req, "write", ino, error) }
+            n = try r.fs.write(handle: fileHandle(fi), offset: UInt64(off), bytes: UnsafeRawBufferPointer(start: buf, count: size))
+        } catch { r.fail("write", ino, error); return }
+        r.written(n)
     }
 
     ops.flush = { req, ino, fi in
-        let fs = bridge(req).fs
+        let r = Request(req), fs = r.fs
         // close(2) of any descriptor drops the closing process's POSIX locks on the file.
         if let fi { fs.releaseLocks(ino, owner: fi.pointee.lock_owner, style: .posix) }
-        do throws(FSError) { try fs.flush(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
-        catch { fail(req, "flush", ino, error) }
+        r.run("flush", ino) { () throws(FSError) in try fs.flush(handle: fileHandle(fi)) }
     }
 
     ops.release = { req, ino, fi in
-        let fs = bridge(req).fs
+        let r = Request(req), fs = r.fs
         // The last close of an open file description drops its flock lock.
         if let fi, fi.pointee.flock_release != 0 { fs.releaseLocks(ino, owner: fi.pointee.lock_owner, style: .flock) }
-        do throws(FSError) { try fs.release(handle: fileHandle(fi)); fuse_reply_err(req, 0) }
-        catch { fail(req, "release", ino, error) }
+        r.run("release", ino) { () throws(FSError) in try fs.release(handle: fileHandle(fi)) }
     }
 
     ops.getlk = { req, ino, fi, lock in
-        guard let fi, let lock, let mode = lockMode(lock.pointee.l_type) else { fuse_reply_err(req, EINVAL); return }
-        do throws(FSError) {
-            let range = LockRange(start: Int64(lock.pointee.l_start), length: Int64(lock.pointee.l_len))
-            var answer = flock()
-            answer.l_whence = Int16(SEEK_SET)
-            if let held = try bridge(req).fs.testLock(ino, owner: fi.pointee.lock_owner, mode: mode, range: range) {
-                answer.l_type = Int16(held.mode == .write ? F_WRLCK : F_RDLCK)
-                answer.l_start = __off_t(held.range.start)
-                answer.l_len = __off_t(held.range.length)
-                answer.l_pid = held.pid
-            } else {
-                answer = lock.pointee
-                answer.l_type = Int16(F_UNLCK)
-            }
-            fuse_reply_lock(req, &answer)
-        } catch { fail(req, "getlk", ino, error) }
+        let r = Request(req)
+        guard let fi, let lock, let mode = lockMode(lock.pointee.l_type) else { r.error(EINVAL); return }
+        let range = LockRange(start: Int64(lock.pointee.l_start), length: Int64(lock.pointee.l_len))
+        let held: HeldLock?
+        do throws(FSError) { held = try r.fs.testLock(ino, owner: fi.pointee.lock_owner, mode: mode, range: range) }
+        catch { r.fail("getlk", ino, error); return }
+        var answer = flock()
+        answer.l_whence = Int16(SEEK_SET)
+        if let held {
+            answer.l_type = Int16(held.mode == .write ? F_WRLCK : F_RDLCK)
+            answer.l_start = __off_t(held.range.start)
+            answer.l_len = __off_t(held.range.length)
+            answer.l_pid = held.pid
+        } else {
+            answer = lock.pointee
+            answer.l_type = Int16(F_UNLCK)
+        }
+        r.lock(&answer)
     }
 
     ops.setlk = { req, ino, fi, lock, sleep in
-        guard let fi, let lock else { fuse_reply_err(req, EINVAL); return }
+        let r = Request(req)
+        guard let fi, let lock else { r.error(EINVAL); return }
         let l = lock.pointee
         let mode = lockMode(l.l_type)
-        guard mode != nil || l.l_type == Int16(F_UNLCK) else { fuse_reply_err(req, EINVAL); return }
+        guard mode != nil || l.l_type == Int16(F_UNLCK) else { r.error(EINVAL); return }
         let range = LockRange(start: Int64(l.l_start), length: Int64(l.l_len))
-        let pid = l.l_pid != 0 ? l.l_pid : caller(req).pid
-        setLock(req, ino, owner: fi.pointee.lock_owner, style: .posix, mode: mode, range: range, pid: pid,
+        let pid = l.l_pid != 0 ? l.l_pid : r.caller.pid
+        setLock(r, ino, owner: fi.pointee.lock_owner, style: .posix, mode: mode, range: range, pid: pid,
                 handle: fi.pointee.fh, wait: sleep != 0)
     }
 
     ops.flock = { req, ino, fi, op in
-        guard let fi else { fuse_reply_err(req, EINVAL); return }
+        let r = Request(req)
+        guard let fi else { r.error(EINVAL); return }
         let mode: LockMode?
         switch op & ~LOCK_NB {
         case LOCK_SH: mode = .read
         case LOCK_EX: mode = .write
         case LOCK_UN: mode = nil
-        default: fuse_reply_err(req, EINVAL); return
+        default: r.error(EINVAL); return
         }
-        setLock(req, ino, owner: fi.pointee.lock_owner, style: .flock, mode: mode, range: .wholeFile,
-                pid: caller(req).pid, handle: fi.pointee.fh, wait: op & LOCK_NB == 0)
+        let pid = r.caller.pid
+        setLock(r, ino, owner: fi.pointee.lock_owner, style: .flock, mode: mode, range: .wholeFile,
+                pid: pid, handle: fi.pointee.fh, wait: op & LOCK_NB == 0)
     }
 
     ops.fsync = { req, ino, datasync, fi in
-        do throws(FSError) { try bridge(req).fs.fsync(handle: fileHandle(fi), dataOnly: datasync != 0); fuse_reply_err(req, 0) }
-        catch { fail(req, "fsync", ino, error) }
+        let r = Request(req), fs = r.fs
+        r.run("fsync", ino) { () throws(FSError) in try fs.fsync(handle: fileHandle(fi), dataOnly: datasync != 0) }
     }
 
     ops.opendir = { req, ino, fi in
-        guard let fi else { fuse_reply_err(req, EINVAL); return }
-        do throws(FSError) {
-            fi.pointee.fh = try bridge(req).fs.opendir(ino)
-            if fuse_reply_open(req, fi) != 0 { bridge(req).fs.releasedir(handle: fi.pointee.fh) }
-        } catch { fail(req, "opendir", ino, error) }
+        let r = Request(req), fs = r.fs
+        guard let fi else { r.error(EINVAL); return }
+        do throws(FSError) { fi.pointee.fh = try fs.opendir(ino) } catch { r.fail("opendir", ino, error); return }
+        r.opened(fi) { fs.releasedir(handle: fi.pointee.fh) }
     }
 
     ops.readdir = { req, ino, size, off, fi in
-        readdir(req, ino, size, off, fi, plus: false)
+        readdir(Request(req), ino, size, off, fi, plus: false)
     }
 
     ops.readdirplus = { req, ino, size, off, fi in
-        readdir(req, ino, size, off, fi, plus: true)
+        readdir(Request(req), ino, size, off, fi, plus: true)
     }
 
     ops.releasedir = { req, _, fi in
-        bridge(req).fs.releasedir(handle: fileHandle(fi))
-        fuse_reply_err(req, 0)
+        let r = Request(req)
+        r.fs.releasedir(handle: fileHandle(fi))
+        r.ok()
     }
 
     ops.fsyncdir = { req, ino, _, _ in
         // Namespace changes are committed (not synced) before each reply; make them durable.
-        do throws(FSError) { try bridge(req).fs.fsyncDirectory(); fuse_reply_err(req, 0) }
-        catch { fail(req, "fsyncdir", ino, error) }
+        let r = Request(req), fs = r.fs
+        r.run("fsyncdir", ino) { () throws(FSError) in try fs.fsyncDirectory() }
     }
 
     ops.statfs = { req, _ in
-        let s = bridge(req).fs.statfs()
+        let r = Request(req)
+        let s = r.fs.statfs()
         var v = statvfs()
         v.f_bsize = UInt(s.blockSize)
         v.f_frsize = UInt(s.blockSize)
@@ -346,47 +498,61 @@ func makeOperations() -> fuse_lowlevel_ops {
         v.f_ffree = __fsfilcnt_t(s.freeFiles)
         v.f_favail = __fsfilcnt_t(s.freeFiles)
         v.f_namemax = UInt(s.nameMax)
-        fuse_reply_statfs(req, &v)
+        r.statfs(&v)
     }
 
     ops.setxattr = { req, ino, cname, value, size, flags in
-        do throws(FSError) {
-            let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
-            try bridge(req).fs.setxattr(ino, name: name(cname), value: bytes, flags: flags)
-            fuse_reply_err(req, 0)
-        } catch { fail(req, "setxattr", ino, error, quiet: [EOPNOTSUPP]) }
+        let r = Request(req), fs = r.fs
+        let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
+        r.run("setxattr", ino, quiet: [EOPNOTSUPP]) { () throws(FSError) in
+            try fs.setxattr(ino, name: name(cname), value: bytes, flags: flags)
+        }
     }
 
     ops.getxattr = { req, ino, cname, size in
-        do throws(FSError) {
-            let v = try bridge(req).fs.getxattr(ino, name: name(cname))
-            if size == 0 { fuse_reply_xattr(req, v.count) }
-            else if size < v.count { fuse_reply_err(req, ERANGE) }
-            else { v.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), v.count) } }
-        } catch { fail(req, "getxattr", ino, error, quiet: [ENODATA, ENOENT]) }
+        let r = Request(req), fs = r.fs
+        r.xattrValue("getxattr", ino, size: size, quiet: [ENODATA, ENOENT]) { () throws(FSError) in
+            try fs.getxattr(ino, name: name(cname))
+        }
     }
 
     ops.listxattr = { req, ino, size in
-        do throws(FSError) {
+        let r = Request(req), fs = r.fs
+        r.xattrValue("listxattr", ino, size: size) { () throws(FSError) in
             var out: [UInt8] = []
-            for n in try bridge(req).fs.listxattr(ino) { out += n; out.append(0) }
-            if size == 0 { fuse_reply_xattr(req, out.count) }
-            else if size < out.count { fuse_reply_err(req, ERANGE) }
-            else { out.withUnsafeBytes { _ = fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), out.count) } }
-        } catch { fail(req, "listxattr", ino, error) }
+            for n in try fs.listxattr(ino) { out += n; out.append(0) }
+            return out
+        }
     }
 
     ops.removexattr = { req, ino, cname in
-        do throws(FSError) { try bridge(req).fs.removexattr(ino, name: name(cname)); fuse_reply_err(req, 0) }
-        catch { fail(req, "removexattr", ino, error, quiet: [ENODATA]) }
+        let r = Request(req), fs = r.fs
+        r.run("removexattr", ino, quiet: [ENODATA]) { () throws(FSError) in try fs.removexattr(ino, name: name(cname)) }
     }
 
     ops.access = { req, ino, mask in
-        do throws(FSError) { try bridge(req).fs.access(ino, mask: mask, caller: caller(req)); fuse_reply_err(req, 0) }
-        catch { fail(req, "access", ino, error, quiet: [EACCES]) }
+        let r = Request(req), fs = r.fs, who = r.caller
+        r.run("access", ino, quiet: [EACCES]) { () throws(FSError) in try fs.access(ino, mask: mask, caller: who) }
     }
 
     return ops
+}
+
+extension Request {
+    /// The request was answered with the raw `req` (inside a closure that lends bytes, where
+    /// `self` cannot be consumed): end it without the `deinit` answer.
+    consuming func answered() { discard self }
+
+    /// readlink's answer, a C string.
+    consuming func link(_ target: [UInt8]) {
+        var cstring = target
+        cstring.append(0)
+        let p = req
+        cstring.withUnsafeBufferPointer { b in
+            b.baseAddress!.withMemoryRebound(to: CChar.self, capacity: b.count) { _ = fuse_reply_readlink(p, $0) }
+        }
+        answered()
+    }
 }
 
 private func lockMode(_ type: Int16) -> LockMode? {
@@ -399,43 +565,33 @@ private func lockMode(_ type: Int16) -> LockMode? {
 
 /// Take, change or drop a lock; one that must wait is answered later, from the model's lock
 /// waiter, and ends with EINTR if the caller is interrupted meanwhile.
-private func setLock(_ req: fuse_req_t?, _ ino: fuse_ino_t, owner: UInt64, style: LockStyle, mode: LockMode?,
+private func setLock(_ r: consuming Request, _ ino: fuse_ino_t, owner: UInt64, style: LockStyle, mode: LockMode?,
                      range: LockRange, pid: Int32, handle: UInt64, wait: Bool) {
-    let fs = bridge(req).fs
-    do throws(FSError) {
-        if try fs.setLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle) {
-            fuse_reply_err(req, 0)
-        } else if let mode, wait {
-            // A fuse_req_t is a pointer libfuse keeps valid until the one reply.
-            let request = UnsafeSendable(req)
-            let log = bridge(req).log
-            let op = style == .posix ? "setlk" : "flock"
-            fs.waitForLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle,
-                           interrupted: { fuse_req_interrupted(request.value) != 0 },
-                           done: { code in
-                               if code != 0 && code != EINTR { log("\(op) node \(ino): \(errnoName(code)) while waiting") }
-                               fuse_reply_err(request.value, code)
-                           })
-        } else {
-            fuse_reply_err(req, EAGAIN)
-        }
-    } catch { fail(req, style == .posix ? "setlk" : "flock", ino, error) }
-}
-
-/// A value handed to another thread that Swift cannot prove safe to send: a libfuse request,
-/// which libfuse lets any thread answer.
-private struct UnsafeSendable<T>: @unchecked Sendable {
-    let value: T
-    init(_ value: T) { self.value = value }
+    let fs = r.fs
+    let op = style == .posix ? "setlk" : "flock"
+    let taken: Bool
+    do throws(FSError) { taken = try fs.setLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle) }
+    catch { r.fail(op, ino, error); return }
+    if taken { r.ok(); return }
+    guard let mode, wait else { r.error(EAGAIN); return }
+    let log = r.bridge.log
+    let pending = r.pending()
+    fs.waitForLock(ino, owner: owner, style: style, mode: mode, range: range, pid: pid, handle: handle,
+                   interrupted: { pending.interrupted },
+                   done: { code in
+                       if code != 0 && code != EINTR { log("\(op) node \(ino): \(errnoName(code)) while waiting") }
+                       pending.answer(code)
+                   })
 }
 
 /// Fill one readdir(plus) reply from the handle's snapshot, starting at `off`.
-private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
+private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ off: off_t,
                      _ fi: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
-    let b = bridge(req)
+    let b = r.bridge
+    let req = r.req
     let entries: [DirectoryEntry]
     do throws(FSError) { entries = try b.fs.readdir(handle: fileHandle(fi), offset: Int(off)) } catch {
-        fail(req, "readdir", ino, error)
+        r.fail("readdir", ino, error)
         return
     }
     let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
@@ -475,7 +631,7 @@ private func readdir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ off: 
         if let counted { added.append(counted) }
     }
     for ino in added { b.fs.remember(ino) }
-    if fuse_reply_buf(req, buffer, used) != 0 {
+    if !r.bytes(buffer, used) {
         for ino in added { b.fs.forget(ino, count: 1) }
     }
 }
