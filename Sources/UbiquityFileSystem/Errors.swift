@@ -26,7 +26,11 @@ public struct FSError: Error, CustomStringConvertible, Sendable, Equatable {
         case .corrupt: errno = EIO
         case .trimmed: errno = EIO   // the model reloads instead; reaching a caller is a bug
         case .noSpace: errno = error.errno == EDQUOT ? EDQUOT : ENOSPC
-        case .notFound, .io: errno = error.errno   // the system's own answer (ENOENT, EFBIG, EINVAL, …)
+        case .notFound, .io:
+            // The system's own answer (ENOENT, EFBIG, EINVAL, …), except EBADF and EFAULT: from
+            // the daemon's own descriptors and buffers they are its bug, which a program would
+            // read as its own; it gets EIO, and the message says what failed.
+            errno = error.errno == EBADF || error.errno == EFAULT ? EIO : error.errno
         }
     }
     /// Any error as an FSError: store errors keep their errno; anything else is EIO.

@@ -153,6 +153,9 @@ final class LockTests: XCTestCase {
         assertErrno(EIO, try faulty.setLock(file, owner: 1, style: .posix, mode: .write, range: .wholeFile, pid: 1))
         plan.fail(.lockTest, errno: ENOLCK)
         assertErrno(ENOLCK, try faulty.testLock(file, owner: 1, mode: .write, range: .wholeFile))
+        plan.fail(.lockTest, errno: EBADF)
+        assertErrno(EIO, try faulty.testLock(file, owner: 1, mode: .write, range: .wholeFile),
+                    "EBADF from the daemon's own descriptor is its bug, not the caller's")
         let answers = Answers()
         XCTAssertTrue(try one.setLock(file, owner: 1, style: .posix, mode: .write, range: .wholeFile, pid: 100))
         plan.fail(.lockSet, errno: EIO, .nthCall(2))
