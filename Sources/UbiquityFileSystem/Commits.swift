@@ -18,6 +18,7 @@ extension UbiquityFileSystem {
     @discardableResult
     func mutate<T>(_ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
+        var deleted: [InodeNumber] = []
         let result = try commits.withLock { () throws -> T in
             var attempts = 0
             while true {
@@ -46,10 +47,12 @@ extension UbiquityFileSystem {
                     do { try catchUpLocked() } catch { log("catching up after commit \(seq) failed: \(error)") }
                 }
                 garbage = freed
+                for case .deleteNode(let ino) in batch.mutations { deleted.append(ino) }
                 return result
             }
         }
         free(garbage)
+        for ino in deleted { store.locks.forget(ino) }
         return result
     }
 

@@ -295,6 +295,7 @@ public final class FaultInjectingLockTable: LockTable, Sendable {
     }
 
     public func release(_ node: InodeNumber, owner: LockOwner) { wrapped.release(node, owner: owner) }
+    public func forget(_ node: InodeNumber) { wrapped.forget(node) }
 }
 
 public final class FaultInjectingWorkFile: WorkFile, Sendable {

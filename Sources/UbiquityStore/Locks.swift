@@ -75,6 +75,8 @@ public protocol LockTable: AnyObject, Sendable {
     func test(_ node: InodeNumber, owner: LockOwner, mode: LockMode, range: LockRange) throws(StoreError) -> HeldLock?
     /// Drop every lock `owner` holds on `node` (a close, the last release of a `flock` holder).
     func release(_ node: InodeNumber, owner: LockOwner)
+    /// `node` is gone from the store: whatever the table keeps for it can go too.
+    func forget(_ node: InodeNumber)
 }
 
 /// One owner's POSIX locks on one file: disjoint, sorted segments, neighbours of one mode merged,
@@ -168,6 +170,8 @@ public final class MemoryLockTable: LockTable, @unchecked Sendable {
             return nil
         }
     }
+
+    public func forget(_ node: InodeNumber) {}   // entries go with their last lock
 
     public func release(_ node: InodeNumber, owner: LockOwner) {
         mutex.withLock {

@@ -75,6 +75,18 @@ final class EmbeddedStoreTests: XCTestCase {
         withExtendedLifetime(alone) {}
     }
 
+    func testADeletedNodesLockFileGoesUnlessALockIsHeld() throws {
+        let table = try LocalLockTable(directory: fixture.directory)
+        let owner = LockOwner(writer: "w", id: 1, style: .posix)
+        XCTAssertTrue(try table.set(12, owner: owner, mode: .write, range: .wholeFile, pid: 1))
+        table.forget(12)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: fixture.directory + "/locks/12"), "still locked")
+        table.release(12, owner: owner)
+        table.forget(12)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: fixture.directory + "/locks/12"))
+        table.forget(13)   // never locked: nothing to do
+    }
+
     func testALoneLockTableClearsLockFiles() throws {
         do {
             let one = try LocalLockTable(directory: fixture.directory)
