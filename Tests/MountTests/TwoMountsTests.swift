@@ -98,6 +98,53 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// POSIX checks in the manner of pjdfstest run on both mounts at once (each in a folder of
+    /// its own, both in one container): the second daemon changes nothing of what either mount
+    /// promises.
+    func testPOSIXChecksPassOnEachMountAtOnce() throws {
+        try mount(extra: Self.longCache)
+        try mountSecond()
+        let script = #"""
+        import errno, os, stat, sys
+        base = sys.argv[1]
+        os.mkdir(base)
+        os.chdir(base)
+        def fails(code, f, *a):
+            try:
+                f(*a)
+            except OSError as e:
+                assert e.errno == code, (f.__name__, a, errno.errorcode[e.errno], errno.errorcode[code])
+                return
+            raise AssertionError((f.__name__, a, "succeeded"))
+        for round in range(20):
+            os.mkdir("d"); fails(errno.EEXIST, os.mkdir, "d")
+            os.mkdir("d/sub"); fails(errno.ENOTEMPTY, os.rmdir, "d"); fails(errno.EINVAL, os.rename, "d", "d/sub/x")
+            fd = os.open("f", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+            os.write(fd, b"x" * 100); os.close(fd)
+            fails(errno.EEXIST, os.open, "f", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            assert stat.S_IMODE(os.stat("f").st_mode) == 0o640
+            os.chmod("f", 0o600); assert stat.S_IMODE(os.stat("f").st_mode) == 0o600
+            os.truncate("f", 10); assert os.stat("f").st_size == 10
+            os.utime("f", (1000000000, 1000000000)); assert os.stat("f").st_mtime == 1000000000
+            os.link("f", "g"); assert os.stat("f").st_nlink == 2 and os.stat("f").st_ino == os.stat("g").st_ino
+            os.symlink("f", "s"); assert os.readlink("s") == "f"
+            fails(errno.EISDIR, os.unlink, "d"); fails(errno.ENOTDIR, os.rmdir, "f")
+            fails(errno.ENOENT, os.stat, "missing"); fails(errno.ENOTDIR, os.stat, "f/x")
+            os.rename("f", "d/moved"); assert os.stat("g").st_nlink == 2
+            fails(errno.ENOENT, os.stat, "f")
+            for p in ("d/moved", "g", "s"): os.unlink(p)
+            os.rmdir("d/sub"); os.rmdir("d")
+            assert os.listdir(".") == [], os.listdir(".")
+        print("ok")
+        """#
+        let first = docs("SugoiApp") + "/on-first", secondDir = second + "/SugoiApp/on-second"
+        let r = assertShell("python3 -c \(shellQuote(script)) \(shellQuote(first)) & "
+                            + "python3 -c \(shellQuote(script)) \(shellQuote(secondDir)); wait $!; wait", timeout: 120)
+        XCTAssertEqual(r.stdout, "ok\nok\n", r.stderr)
+        try unmount(at: second)
+        try unmount()
+    }
+
     func testTheDriveViewAndTheAppViewAtOnce() throws {
         try mount(extra: Self.longCache)
         try mountSecond(app: "com.example.TestDrive")
