@@ -1,18 +1,34 @@
 import Foundation
 import UbiquityStore
 
-/// The one error type of the filesystem model: the errno the caller gets, and why, in words.
-/// Every failure of an operation is one of these; the FUSE bridge replies with `errno` and logs
-/// the operation, the node and the message.
+/// The one error type of the filesystem model: the errno the caller gets, why, in words, and
+/// whether it is worth a line in the log. Every failure of an operation is one of these; the
+/// FUSE bridge replies with `errno` and logs the operation, the node and the message unless the
+/// error is `routine`.
 public struct FSError: Error, CustomStringConvertible, Sendable, Equatable {
     public var errno: Int32
     public var message: String
+    /// An everyday answer, not a failure (a name that does not exist, one that already does, a
+    /// folder not empty): decided where the error is made, so the log keeps only failures.
+    public var routine: Bool
+    /// Errors made with these are routine unless made otherwise: programs probe with them all
+    /// day (`stat` of a missing name, `mkdir -p`, `rmdir` of a full folder, a missing xattr).
+    static let routineErrnos: Set<Int32> = [ENOENT, EEXIST, ENOTEMPTY, ENAMETOOLONG, ENODATA]
     public init(_ errno: Int32, _ message: String) {
         self.errno = errno
         self.message = message
+        self.routine = Self.routineErrnos.contains(errno)
+    }
+    /// The same error, marked routine (or not).
+    public func routine(_ routine: Bool = true) -> FSError {
+        var e = self
+        e.routine = routine
+        return e
     }
     /// The errno a caller gets for a store failure: the one place store errors become errnos.
+    /// Never routine: the store failed.
     public init(_ error: StoreError) {
+        self.routine = false
         self.message = error.message
         switch error.kind {
         case .conflict:

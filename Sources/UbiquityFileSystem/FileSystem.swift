@@ -699,7 +699,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func setxattr(_ ino: UInt64, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
         try typed {
             guard name.starts(with: Self.userPrefix), name.count > Self.userPrefix.count else {
-                throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported")
+                throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine()
             }
             if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
             if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
@@ -740,7 +740,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try typed {
             try mutate { s in
                 guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
-                guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported") }
+                guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine() }
                 guard state.xattrs[n.ino]?[name] != nil else { throw FSError(ENODATA, "no such attribute") }
                 s.add(.deleteXattr(ino: n.ino, name: name))
                 n.ctime = nowNanoseconds()
@@ -758,14 +758,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             let a = try getattr(ino)
             if mask == F_OK { return }
             if mask & W_OK != 0, ino == Self.rootID {
-                throw FSError(EACCES, "read-only folder")
+                throw FSError(EACCES, "read-only folder").routine()
             }
             if caller.uid == 0 {
-                if mask & X_OK != 0, a.kind != .directory, a.mode & 0o111 == 0 { throw FSError(EACCES, "not executable") }
+                if mask & X_OK != 0, a.kind != .directory, a.mode & 0o111 == 0 { throw FSError(EACCES, "not executable").routine() }
                 return
             }
             let bits: UInt32 = caller.uid == a.uid ? (a.mode >> 6) & 7 : caller.gid == a.gid ? (a.mode >> 3) & 7 : a.mode & 7
-            if UInt32(mask) & ~bits & 7 != 0 { throw FSError(EACCES, "permission denied") }
+            if UInt32(mask) & ~bits & 7 != 0 { throw FSError(EACCES, "permission denied").routine() }
             }
     }
 

@@ -66,8 +66,8 @@ private func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_para
 /// One kernel request, answered exactly once by construction: every reply consumes it, so a
 /// second reply does not compile, and one dropped without a reply (a bug) is answered EIO by
 /// `deinit` and logged. Failures are answered with the model's errno and logged with the
-/// operation, node and errno, except routine misses (`quiet`), such as a lookup of a name that
-/// does not exist.
+/// operation, node and errno, unless the model made the error routine (a lookup of a name that
+/// does not exist, say).
 struct Request: ~Copyable {
     let req: fuse_req_t?
     init(_ req: fuse_req_t?) { self.req = req }
@@ -97,8 +97,8 @@ struct Request: ~Copyable {
         discard self
     }
 
-    consuming func fail(_ op: String, _ ino: UInt64, _ error: FSError, quiet: Set<Int32> = []) {
-        if !quiet.contains(error.errno) {
+    consuming func fail(_ op: String, _ ino: UInt64, _ error: FSError) {
+        if !error.routine {
             bridge.log("\(op) node \(ino): \(errnoName(error.errno)): \(error.message)")
         }
         self.error(error.errno)
@@ -176,29 +176,29 @@ struct Request: ~Copyable {
 
     // The shapes most operations take: run the model, answer its result or its error.
 
-    consuming func run(_ op: String, _ ino: UInt64, quiet: Set<Int32> = [], _ body: () throws(FSError) -> Void) {
-        do throws(FSError) { try body() } catch { fail(op, ino, error, quiet: quiet); return }
+    consuming func run(_ op: String, _ ino: UInt64, _ body: () throws(FSError) -> Void) {
+        do throws(FSError) { try body() } catch { fail(op, ino, error); return }
         ok()
     }
 
-    consuming func entry(_ op: String, _ ino: UInt64, quiet: Set<Int32> = [], _ body: () throws(FSError) -> Attributes) {
+    consuming func entry(_ op: String, _ ino: UInt64, _ body: () throws(FSError) -> Attributes) {
         let a: Attributes
-        do throws(FSError) { a = try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        do throws(FSError) { a = try body() } catch { fail(op, ino, error); return }
         entry(a)
     }
 
-    consuming func attr(_ op: String, _ ino: UInt64, quiet: Set<Int32> = [], _ body: () throws(FSError) -> Attributes) {
+    consuming func attr(_ op: String, _ ino: UInt64, _ body: () throws(FSError) -> Attributes) {
         let a: Attributes
-        do throws(FSError) { a = try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        do throws(FSError) { a = try body() } catch { fail(op, ino, error); return }
         attr(a)
     }
 
     /// An attribute value or list: its size when the caller asks with size 0, ERANGE when it
     /// does not fit.
-    consuming func xattrValue(_ op: String, _ ino: UInt64, size: Int, quiet: Set<Int32> = [],
+    consuming func xattrValue(_ op: String, _ ino: UInt64, size: Int,
                               _ body: () throws(FSError) -> [UInt8]) {
         let v: [UInt8]
-        do throws(FSError) { v = try body() } catch { fail(op, ino, error, quiet: quiet); return }
+        do throws(FSError) { v = try body() } catch { fail(op, ino, error); return }
         if size == 0 { xattrSize(v.count) }
         else if size < v.count { error(ERANGE) }
         else {
@@ -258,7 +258,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         let r = Request(req), fs = r.fs
-        r.entry("lookup", parent, quiet: [ENOENT, ENAMETOOLONG]) { () throws(FSError) in
+        r.entry("lookup", parent) { () throws(FSError) in
             try fs.lookup(parent: parent, name: name(cname))
         }
     }
@@ -279,7 +279,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.getattr = { req, ino, _ in
         let r = Request(req), fs = r.fs
-        r.attr("getattr", ino, quiet: [ENOENT]) { () throws(FSError) in try fs.getattr(ino) }
+        r.attr("getattr", ino) { () throws(FSError) in try fs.getattr(ino) }
     }
 
     ops.setattr = { req, ino, attr, toSet, fi in
@@ -308,38 +308,38 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.mknod = { req, parent, cname, mode, rdev in
         let r = Request(req), fs = r.fs, who = r.caller
-        r.entry("mknod", parent, quiet: [EEXIST]) { () throws(FSError) in
+        r.entry("mknod", parent) { () throws(FSError) in
             try fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: who)
         }
     }
 
     ops.mkdir = { req, parent, cname, mode in
         let r = Request(req), fs = r.fs, who = r.caller
-        r.entry("mkdir", parent, quiet: [EEXIST]) { () throws(FSError) in
+        r.entry("mkdir", parent) { () throws(FSError) in
             try fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: who)
         }
     }
 
     ops.unlink = { req, parent, cname in
         let r = Request(req), fs = r.fs
-        r.run("unlink", parent, quiet: [ENOENT]) { () throws(FSError) in try fs.unlink(parent: parent, name: name(cname)) }
+        r.run("unlink", parent) { () throws(FSError) in try fs.unlink(parent: parent, name: name(cname)) }
     }
 
     ops.rmdir = { req, parent, cname in
         let r = Request(req), fs = r.fs
-        r.run("rmdir", parent, quiet: [ENOENT, ENOTEMPTY]) { () throws(FSError) in try fs.rmdir(parent: parent, name: name(cname)) }
+        r.run("rmdir", parent) { () throws(FSError) in try fs.rmdir(parent: parent, name: name(cname)) }
     }
 
     ops.symlink = { req, link, parent, cname in
         let r = Request(req), fs = r.fs, who = r.caller
-        r.entry("symlink", parent, quiet: [EEXIST]) { () throws(FSError) in
+        r.entry("symlink", parent) { () throws(FSError) in
             try fs.symlink(parent: parent, name: name(cname), target: name(link), caller: who)
         }
     }
 
     ops.rename = { req, parent, cname, newParent, newName, flags in
         let r = Request(req), fs = r.fs
-        r.run("rename", parent, quiet: [ENOENT, ENOTEMPTY, EEXIST]) { () throws(FSError) in
+        r.run("rename", parent) { () throws(FSError) in
             try fs.rename(parent: parent, name: name(cname), newParent: newParent, newName: name(newName),
                           flags: RenameFlags(rawValue: UInt32(flags)))
         }
@@ -366,7 +366,7 @@ func makeOperations() -> fuse_lowlevel_ops {
                                             flags: fi.pointee.flags, caller: r.caller)
             attrs = a
             fi.pointee.fh = handle
-        } catch { r.fail("create", parent, error, quiet: [EEXIST]); return }
+        } catch { r.fail("create", parent, error); return }
         r.created(attrs, fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 
@@ -504,14 +504,14 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.setxattr = { req, ino, cname, value, size, flags in
         let r = Request(req), fs = r.fs
         let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
-        r.run("setxattr", ino, quiet: [EOPNOTSUPP]) { () throws(FSError) in
+        r.run("setxattr", ino) { () throws(FSError) in
             try fs.setxattr(ino, name: name(cname), value: bytes, flags: flags)
         }
     }
 
     ops.getxattr = { req, ino, cname, size in
         let r = Request(req), fs = r.fs
-        r.xattrValue("getxattr", ino, size: size, quiet: [ENODATA, ENOENT]) { () throws(FSError) in
+        r.xattrValue("getxattr", ino, size: size) { () throws(FSError) in
             try fs.getxattr(ino, name: name(cname))
         }
     }
@@ -527,12 +527,12 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.removexattr = { req, ino, cname in
         let r = Request(req), fs = r.fs
-        r.run("removexattr", ino, quiet: [ENODATA]) { () throws(FSError) in try fs.removexattr(ino, name: name(cname)) }
+        r.run("removexattr", ino) { () throws(FSError) in try fs.removexattr(ino, name: name(cname)) }
     }
 
     ops.access = { req, ino, mask in
         let r = Request(req), fs = r.fs, who = r.caller
-        r.run("access", ino, quiet: [EACCES]) { () throws(FSError) in try fs.access(ino, mask: mask, caller: who) }
+        r.run("access", ino) { () throws(FSError) in try fs.access(ino, mask: mask, caller: who) }
     }
 
     return ops
