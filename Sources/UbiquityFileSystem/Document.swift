@@ -22,7 +22,7 @@ import UbiquityStore
 
 final class Document: @unchecked Sendable {
     let ino: InodeNumber
-    private let store: BackingStore
+    let store: BackingStore
     let lock = RWLock()
 
     // Guarded by `lock`.
@@ -301,47 +301,39 @@ final class Document: @unchecked Sendable {
         return chunks
     }
 
-    /// Publish the working copy as a new version if it changed. `commit` records it (one
-    /// metadata transaction) and returns the version id, or nil if the file no longer exists
-    /// (then nothing is published). On failure nothing changes and the working copy is kept.
-    /// `sync` (fsync, recovery) is the store's barrier, run after the commit and before the
-    /// working copy is deleted: if it fails, the version is published but the working copy stays
-    /// on disk, for recovery to publish again.
-    /// `removeLater`, if given, takes the published working copy instead of deleting it, for a
-    /// caller that syncs many publishes at once (a clean stop) and deletes them after.
-    func publish(sync: (() throws -> Void)?, removeLater: ((any WorkFile) -> Void)? = nil,
-                 commit: (_ chunks: [ChunkRef], _ size: UInt64, _ mtime: Int64, _ ctime: Int64) throws -> VersionID?) throws {
-        try lock.write {
-            let st = stat()
-            // Published meanwhile (an idle publish, without a barrier): the barrier is still owed.
-            guard st.unpublished else { try sync?(); return }
-            let chunks = try writeChunks(durable: false)
-            let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
-            do {
-                guard let id = try commit(chunks, st.size, st.mtime, st.ctime) else {
-                    // The file is gone: nothing refers to the chunks just written.
-                    for blob in written { try? store.blobs.delete(blob) }
-                    return
-                }
-                baseVersion = id
-            } catch {
-                for blob in written { try? store.blobs.delete(blob) }
-                throw error
-            }
-            base = chunks
-            dirty = []
-            let published = work
-            work = nil
-            finished = false
-            let allocated = allocatedBytes(chunks)
-            statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
-            // A barrier covers every earlier chunk too (a new version may reuse chunks of
-            // versions published without one).
-            try sync?()
-            if let published {
-                if let removeLater { removeLater(published) } else { published.remove() }
-            }
+    /// Start publishing the working copy, if it changed: write its changed chunks as blobs and
+    /// hold the document (its lock, for writing) until the returned `Publication` is finished
+    /// (the caller has committed the version) or goes unfinished (nothing is published, the
+    /// chunks just written are deleted, the working copy stays). Nil when there is nothing to
+    /// publish.
+    func preparePublish() throws -> Publication? {
+        lock.lockWrite()
+        let st = stat()
+        guard st.unpublished else {
+            lock.unlock()
+            return nil
         }
+        let chunks: [ChunkRef]
+        do { chunks = try writeChunks(durable: false) } catch {
+            lock.unlock()
+            throw error
+        }
+        let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
+        return Publication(doc: self, chunks: chunks, size: st.size, mtime: st.mtime, ctime: st.ctime, written: written)
+    }
+
+    /// The version `p` is now committed as `id`: it is this document's base. Caller holds the
+    /// lock (through `p`). Returns the working copy, now published, for the caller to delete.
+    fileprivate func published(_ p: borrowing Publication, as id: VersionID) -> (any WorkFile)? {
+        baseVersion = id
+        base = p.chunks
+        dirty = []
+        let done = work
+        work = nil
+        finished = false
+        let allocated = allocatedBytes(p.chunks)
+        statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
+        return done
     }
 
     /// The blobs this document reads that are not in its working copy.
@@ -402,4 +394,50 @@ func monotonicNanoseconds() -> UInt64 {
 
 func allocatedBytes(_ chunks: [ChunkRef]) -> UInt64 {
     chunks.reduce(0) { $0 + ($1.isHole ? 0 : UInt64($1.length)) }
+}
+
+/// A publish in progress (see `Document.preparePublish`): the chunks to commit as a version, with
+/// the document held until this value goes. `finish` makes the committed version the document's
+/// base; a publication that goes unfinished (the commit failed, or the file is gone) deletes the
+/// blobs it wrote, which nothing refers to. Either way the document is let go exactly once.
+struct Publication: ~Copyable {
+    let doc: Document
+    let chunks: [ChunkRef]
+    let size: UInt64
+    let mtime: Int64
+    let ctime: Int64
+    fileprivate let written: Set<BlobID>
+    private var finished = false
+
+    fileprivate init(doc: Document, chunks: [ChunkRef], size: UInt64, mtime: Int64, ctime: Int64, written: Set<BlobID>) {
+        self.doc = doc
+        self.chunks = chunks
+        self.size = size
+        self.mtime = mtime
+        self.ctime = ctime
+        self.written = written
+    }
+
+    /// The version was committed as `id`. `sync` (fsync, recovery) is the store's barrier, run
+    /// before the working copy is deleted: if it fails, the version stands but the working copy
+    /// stays on disk, for recovery to publish again. `removeLater` takes the published working
+    /// copy instead of deleting it, for a caller that syncs many publishes at once (a clean stop).
+    consuming func finish(as id: VersionID, sync: (() throws -> Void)?,
+                          removeLater: ((any WorkFile) -> Void)? = nil) throws {
+        finished = true
+        let done = doc.published(self, as: id)
+        // A barrier covers every earlier chunk too (a new version may reuse chunks of versions
+        // published without one).
+        try sync?()
+        if let done {
+            if let removeLater { removeLater(done) } else { done.remove() }
+        }
+    }
+
+    deinit {
+        if !finished {
+            for blob in written { try? doc.store.blobs.delete(blob) }
+        }
+        doc.lock.unlock()
+    }
 }

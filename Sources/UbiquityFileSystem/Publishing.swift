@@ -17,41 +17,46 @@ extension UbiquityFileSystem {
         // last name goes while this publish runs, the commit below adds nothing and the
         // document deletes the chunks it wrote.
         if isNameless(doc.ino) { return }
-        try doc.publish(sync: durable ? { try self.store.durability.sync() } : nil, removeLater: removeLater) { chunks, size, mtime, ctime in
-            try self.mutate { s in
-                guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
-                let id = try s.newVersion()
-                if let origin = beside {
-                    s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
-                                                    chunks: chunks, origin: origin, device: self.device)))
-                    return id
-                }
-                if n.currentVersion != doc.baseVersion {
-                    // Another writer published this file since this edit began: never overwrite
-                    // that. This edit is kept as a version beside it, origin `conflict` (on the
-                    // node as it is now: if it changes or goes meanwhile, this is staged again).
-                    s.expectUnchanged(n.ino)
-                    s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
-                                                    chunks: chunks, origin: .conflict, device: self.device)))
-                    // The kernel may hold this edit's size and times: the file shows the other's.
-                    // An open document follows the current version once it has no changes left.
-                    self.pendingInvalidations.append(.node(n.ino))
-                    self.pendingRebases.insert(n.ino)
-                    self.log("inode \(n.ino) was published elsewhere since this edit began; "
-                             + "the edit is kept as conflict version \(id)")
-                    return id
-                }
+        let sync: (() throws -> Void)? = durable ? { try self.store.durability.sync() } : nil
+        // Published meanwhile (an idle publish, without a barrier): the barrier is still owed.
+        guard let p = try doc.preparePublish() else { try sync?(); return }
+        let (chunks, size, mtime, ctime) = (p.chunks, p.size, p.mtime, p.ctime)
+        let committed = try mutate { s -> VersionID? in
+            guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
+            let id = try s.newVersion()
+            if let origin = beside {
                 s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
-                                                chunks: chunks, origin: .published, device: self.device)))
-                try self.prune(&s, ino: n.ino, adding: chunks)
-                n.size = size
-                n.mtime = max(n.mtime, mtime)
-                n.ctime = max(n.ctime, ctime)
-                n.currentVersion = id
-                s.put(n)
+                                                chunks: chunks, origin: origin, device: self.device)))
                 return id
             }
+            if n.currentVersion != doc.baseVersion {
+                // Another writer published this file since this edit began: never overwrite
+                // that. This edit is kept as a version beside it, origin `conflict` (on the
+                // node as it is now: if it changes or goes meanwhile, this is staged again).
+                s.expectUnchanged(n.ino)
+                s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                                chunks: chunks, origin: .conflict, device: self.device)))
+                // The kernel may hold this edit's size and times: the file shows the other's.
+                // An open document follows the current version once it has no changes left.
+                self.pendingInvalidations.append(.node(n.ino))
+                self.pendingRebases.insert(n.ino)
+                self.log("inode \(n.ino) was published elsewhere since this edit began; "
+                         + "the edit is kept as conflict version \(id)")
+                return id
+            }
+            s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
+                                            chunks: chunks, origin: .published, device: self.device)))
+            try self.prune(&s, ino: n.ino, adding: chunks)
+            n.size = size
+            n.mtime = max(n.mtime, mtime)
+            n.ctime = max(n.ctime, ctime)
+            n.currentVersion = id
+            s.put(n)
+            return id
         }
+        // The file is gone: `p` goes unfinished, and its chunks with it.
+        guard let id = committed else { return }
+        try p.finish(as: id, sync: sync, removeLater: removeLater)
     }
 
     /// Count the version being added to `ino`; past the retention limit (plus slack), stage the

@@ -184,6 +184,9 @@ final class RWLock: @unchecked Sendable {
         defer { precondition(pthread_rwlock_unlock(rw) == 0) }
         return try body()
     }
+    /// For a holder that is a value of its own (`Publication`), which unlocks when it goes.
+    func lockWrite() { precondition(pthread_rwlock_wrlock(rw) == 0) }
+    func unlock() { precondition(pthread_rwlock_unlock(rw) == 0) }
 }
 
 /// Folder depth allowed inside Documents for a NSUbiquitousContainerSupportedFolderLevels value.
