@@ -52,7 +52,11 @@ extension UbiquityFileSystem {
             }
         }
         free(garbage)
-        for ino in deleted { store.locks.forget(ino) }
+        // Another daemon may still lock a deleted node through a file it has open (and through
+        // the lock file it has open): its lock file stays until a daemon starts alone.
+        if !deleted.isEmpty, !store.work.otherWritersAlive() {
+            for ino in deleted { store.locks.forget(ino) }
+        }
         return result
     }
 
@@ -211,7 +215,7 @@ extension UbiquityFileSystem {
             }
             var seen: Set<KernelInvalidation> = []
             return all.filter { seen.insert($0).inserted }
-            }
+        }
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and

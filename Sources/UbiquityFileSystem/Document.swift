@@ -401,6 +401,7 @@ func allocatedBytes(_ chunks: [ChunkRef]) -> UInt64 {
 /// base; a publication that goes unfinished (the commit failed, or the file is gone) deletes the
 /// blobs it wrote, which nothing refers to. Either way the document is let go exactly once.
 struct Publication: ~Copyable {
+    // Holds a pthread rwlock, which must be unlocked on the thread that locked it: never sent.
     let doc: Document
     let chunks: [ChunkRef]
     let size: UInt64
@@ -441,3 +442,6 @@ struct Publication: ~Copyable {
         doc.lock.unlock()
     }
 }
+
+@available(*, unavailable)
+extension Publication: Sendable {}

@@ -217,7 +217,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func getattr(_ ino: UInt64) throws(FSError) -> Attributes {
         try typed {
             try ns.read { attributesOfTarget(try target(ino), ino: ino) }
-            }
+        }
     }
 
     // MARK: - kernel references
@@ -293,7 +293,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     return attributes(n, doc: docsLock.withLock { docs[n.ino] })
                 }
             }
-            }
+        }
     }
 
     private func parentAttributes(_ t: Target) throws -> Attributes {
@@ -336,7 +336,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 handles[h] = .directory(entries)
                 return h
             }
-            }
+        }
     }
 
     /// Entries from `offset` on (0 = the start).
@@ -348,7 +348,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             guard offset < entries.count else { return [] }
             return Array(entries[max(0, offset)...])
-            }
+        }
     }
 
     public func releasedir(handle: UInt64) {
@@ -383,7 +383,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 s.put(p)
                 return attributes(n, doc: nil)
             }
-            }
+        }
     }
 
     /// mknod for regular files, FIFOs, sockets and devices (devices and FIFOs are metadata only).
@@ -393,14 +393,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if kind == .directory { return try self.mkdir(parent: parent, name: name, mode: mode, caller: caller) }
             if kind == .symlink { throw FSError(EINVAL, "mknod cannot make a symlink") }
             return try createNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller, rdev: rdev, target: [])
-            }
+        }
     }
 
     public func symlink(parent: UInt64, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
         try typed {
             if target.count >= Int(PATH_MAX) { throw FSError(ENAMETOOLONG, "symlink target too long") }
             return try createNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, rdev: 0, target: target)
-            }
+        }
     }
 
     private func createNode(parent: UInt64, name: [UInt8], kind: NodeKind, mode: UInt32, caller: Caller,
@@ -429,7 +429,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [])
             let handle = try open(attrs.ino, flags: flags & ~O_TRUNC)
             return (attrs, handle)
-            }
+        }
     }
 
     public func readlink(_ ino: UInt64) throws(FSError) -> [UInt8] {
@@ -438,7 +438,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 guard case .node(let n) = try target(ino), n.kind == .symlink else { throw FSError(EINVAL, "not a symlink") }
                 return n.target
             }
-            }
+        }
     }
 
     public func link(_ ino: UInt64, newParent: UInt64, newName: [UInt8]) throws(FSError) -> Attributes {
@@ -462,7 +462,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 s.put(p)
                 return attributes(n, doc: docsLock.withLock { docs[n.ino] })
             }
-            }
+        }
     }
 
     // MARK: - removing
@@ -470,13 +470,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func unlink(parent: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
             try remove(parent: parent, name: name, directory: false)
-            }
+        }
     }
 
     public func rmdir(parent: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
             try remove(parent: parent, name: name, directory: true)
-            }
+        }
     }
 
     private func remove(parent: UInt64, name: [UInt8], directory: Bool) throws {
@@ -626,7 +626,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     s.put(p)
                 }
             }
-            }
+        }
     }
 
     private func isAncestor(_ a: InodeNumber, of b: InodeNumber) -> Bool {
@@ -688,7 +688,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 }
                 return attributes(n, doc: doc)
             }
-            }
+        }
     }
 
     // MARK: - extended attributes (user.* only)
@@ -712,7 +712,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 n.ctime = nowNanoseconds()
                 s.put(n)
             }
-            }
+        }
     }
 
     public func getxattr(_ ino: UInt64, name: [UInt8]) throws(FSError) -> [UInt8] {
@@ -724,7 +724,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 }
                 return v
             }
-            }
+        }
     }
 
     public func listxattr(_ ino: UInt64) throws(FSError) -> [[UInt8]] {
@@ -733,7 +733,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 guard case .node(let n) = try target(ino) else { return [] }
                 return (state.xattrs[n.ino] ?? [:]).keys.sorted { $0.lexicographicallyPrecedes($1) }
             }
-            }
+        }
     }
 
     public func removexattr(_ ino: UInt64, name: [UInt8]) throws(FSError) {
@@ -746,7 +746,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 n.ctime = nowNanoseconds()
                 s.put(n)
             }
-            }
+        }
     }
 
     // MARK: - misc
@@ -766,7 +766,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             let bits: UInt32 = caller.uid == a.uid ? (a.mode >> 6) & 7 : caller.gid == a.gid ? (a.mode >> 3) & 7 : a.mode & 7
             if UInt32(mask) & ~bits & 7 != 0 { throw FSError(EACCES, "permission denied").routine() }
-            }
+        }
     }
 
     public func statfs() -> FileSystemStatistics {

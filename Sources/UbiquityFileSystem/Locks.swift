@@ -22,7 +22,7 @@ extension UbiquityFileSystem {
         try typed {
             do { return try store.locks.test(ino, owner: owner(id, .posix), mode: mode, range: range) }
             catch { throw FSError(error) }
-            }
+        }
     }
 
     /// Take, change or drop (`mode` nil) a lock without waiting: `F_SETLK`, or `flock` with
@@ -206,12 +206,15 @@ final class LockWaiters: @unchecked Sendable {
             condition.lock()
             waiting = still + waiting
         }
-        // Whatever joined after `stop` took the list was answered by `stop` or `add`.
+        // The waiters put back after `stop` took the list: answered here, before `running`
+        // goes false, since `stop` returns then and the session may go right after.
         let left = waiting
         waiting = []
+        condition.unlock()
+        for w in left { w.done(EINTR) }
+        condition.lock()
         running = false
         condition.broadcast()
         condition.unlock()
-        for w in left { w.done(EINTR) }
     }
 }

@@ -26,7 +26,7 @@ extension UbiquityFileSystem {
             }
             docsLock.withLock { handles[h] = .file(doc, flags: flags) }
             return h
-            }
+        }
     }
 
     static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
@@ -73,7 +73,7 @@ extension UbiquityFileSystem {
         try typed {
             let doc = try fileDocument(handle).0
             do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
-            }
+        }
     }
 
     public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws(FSError) -> Int {
@@ -83,7 +83,7 @@ extension UbiquityFileSystem {
             if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
             do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
             return bytes.count
-            }
+        }
     }
 
     /// Called on each close(2) of a descriptor, before close returns (the release that publishes
@@ -98,7 +98,7 @@ extension UbiquityFileSystem {
                 // Not fatal: the content is in the working copy, which recovery keeps as a version.
                 log("marking inode \(doc.ino) closed failed: \(error)")
             }
-            }
+        }
     }
 
     /// fsync: publish the working copy durably, so the data survives a crash as the current version.
@@ -112,7 +112,7 @@ extension UbiquityFileSystem {
                     try store.durability.sync()
                 }
             } catch { throw FSError(error) }
-            }
+        }
     }
 
     public func release(handle: UInt64) throws(FSError) {
@@ -123,7 +123,7 @@ extension UbiquityFileSystem {
             if Self.mayWrite(flags) { doc.released(handle: handle) }
             releaseLocks(ofHandle: handle)
             try releaseDocument(doc)
-            }
+        }
     }
 
     /// One open of `doc` ended. On the last one, publish it (or, if the file was deleted, drop it).
@@ -161,6 +161,6 @@ extension UbiquityFileSystem {
     public func fsyncDirectory() throws(FSError) {
         try typed {
             do { try store.durability.syncMetadata() } catch { throw FSError(error) }
-            }
+        }
     }
 }

@@ -1,5 +1,5 @@
 // Publishing: a document's working copy becomes a version of the file (one metadata commit,
-// see `Document.publish`), with version retention, and the periodic tasks of a running daemon
+// between `Document.preparePublish` and `Publication.finish`), with version retention, and the periodic tasks of a running daemon
 // (idle publishes, the sync every 30 s, taking over dead daemons' working copies, the hourly
 // collection), and the publish of everything at a stop.
 
@@ -15,7 +15,7 @@ extension UbiquityFileSystem {
                  removeLater: ((any WorkFile) -> Void)? = nil) throws {
         // A nameless file is never published (it is deleted once nothing refers to it). If its
         // last name goes while this publish runs, the commit below adds nothing and the
-        // document deletes the chunks it wrote.
+        // unfinished publication deletes the chunks it wrote.
         if isNameless(doc.ino) { return }
         let sync: (() throws -> Void)? = durable ? { try self.store.durability.sync() } : nil
         // Published meanwhile (an idle publish, without a barrier): the barrier is still owed.

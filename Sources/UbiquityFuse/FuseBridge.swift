@@ -70,7 +70,12 @@ private func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_para
 /// does not exist, say).
 struct Request: ~Copyable {
     let req: fuse_req_t?
-    init(_ req: fuse_req_t?) { self.req = req }
+    /// forget and forget_multi take no answer at all, not even an error.
+    private let takesNoAnswer: Bool
+    init(_ req: fuse_req_t?, takesNoAnswer: Bool = false) {
+        self.req = req
+        self.takesNoAnswer = takesNoAnswer
+    }
 
     var bridge: Bridge {
         // The session's userdata is an Unmanaged<Bridge> retained by FuseSession for its life.
@@ -83,8 +88,8 @@ struct Request: ~Copyable {
     }
 
     deinit {
-        bridge.log("internal error: a request was left without a reply; answered EIO")
-        fuse_reply_err(req, EIO)
+        bridge.log("internal error: a request was left without a reply")
+        if takesNoAnswer { fuse_reply_none(req) } else { fuse_reply_err(req, EIO) }
     }
 
     consuming func ok() {
@@ -264,13 +269,13 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     ops.forget = { req, ino, count in
-        let r = Request(req)
+        let r = Request(req, takesNoAnswer: true)
         r.fs.forget(ino, count: count)
         r.none()
     }
 
     ops.forget_multi = { req, count, forgets in
-        let r = Request(req), fs = r.fs
+        let r = Request(req, takesNoAnswer: true), fs = r.fs
         for i in 0..<count {
             if let f = forgets?[i] { fs.forget(f.ino, count: f.nlookup) }
         }

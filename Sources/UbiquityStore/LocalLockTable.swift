@@ -9,13 +9,13 @@
 // its next try. Each owner's POSIX ranges are also kept here, only to tell when its descriptor can
 // close and to name the holder's process in `F_GETLK` when the holder is in this daemon.
 //
-// Lock files are empty. One is removed when its node is deleted from the store (by the daemon
-// that deleted it, if it holds no lock on it); otherwise they stay while the store is in use:
-// removing the file of a live node that another daemon has open would let a third lock a new
-// file of that name beside the old one's holder. (A deleted node can still be locked only
-// through a file a program kept open on another mount, a case where two mounts already part.) A
-// daemon that finds itself the store's only user (it takes `locks/.folder` exclusively) clears
-// them all, as nobody can hold a lock then.
+// Lock files are empty. One is removed when its node is deleted from the store, by the daemon
+// that deleted it, if no other daemon runs and it holds no lock on it itself; otherwise they
+// stay while the store is in use: removing one another daemon has open (even for a deleted
+// node, which a program there may still have open and locked) would let a later owner lock a
+// new file of that name beside the old one's holder. A daemon that finds itself the store's
+// only user (it takes `locks/.folder` exclusively) clears them all, as nobody can hold a lock
+// then.
 
 import Foundation
 #if canImport(Glibc)
