@@ -102,7 +102,7 @@ func writeOut(_ text: String) {
     _ = line.withCString { write(1, $0, strlen($0)) }
 }
 
-let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand]
+let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand]
 
 let mainUsage = """
 usage: ubiquityfs COMMAND [OPTIONS]

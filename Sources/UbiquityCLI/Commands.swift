@@ -186,6 +186,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         return ExitCode.failure
     }
     if let keep = p.value("--keep-versions").flatMap({ Int($0) }) { fs.versionsToKeep = keep }
+    fs.storeLocation = storeDir
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
     let session: FuseSession
     let cacheSeconds = p.value("--cache-seconds").flatMap { Double($0) } ?? FuseSession.defaultCacheSeconds

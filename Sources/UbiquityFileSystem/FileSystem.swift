@@ -695,6 +695,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     private static let userPrefix = Array("user.".utf8)
     static let pidAttribute = Array("user.ubiquityfs.daemon-pid".utf8)
+    /// The store folder this mount serves, for commands given a path in the mount
+    /// (`ubiquityfs versions PATH`); set by the daemon, empty when the model has no folder.
+    static let storeAttribute = Array("user.ubiquityfs.store".utf8)
+    public var storeLocation = ""
 
     public func setxattr(_ ino: UInt64, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
         try typed {
@@ -718,6 +722,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func getxattr(_ ino: UInt64, name: [UInt8]) throws(FSError) -> [UInt8] {
         try typed {
             if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
+            if ino == Self.rootID && name == Self.storeAttribute && !storeLocation.isEmpty { return Array(storeLocation.utf8) }
             return try ns.read {
                 guard case .node(let n) = try target(ino), let v = state.xattrs[n.ino]?[name] else {
                     throw FSError(ENODATA, "no such attribute")

@@ -24,7 +24,7 @@ final class CLITests: MountTestCase {
     private let falsy: Set<String> = ["no", "false", "private"]
 
     func testHelpOnEverySubcommand() throws {
-        for args in [["--help"], ["mount", "--help"], ["unmount", "--help"], ["containers", "--help"], ["check", "--help"]] {
+        for args in [["--help"], ["mount", "--help"], ["unmount", "--help"], ["containers", "--help"], ["check", "--help"], ["versions", "--help"]] {
             let r = ubiquityfs(args, timeout: 20)
             XCTAssertEqual(r.status, 0, "\(r)")
             XCTAssertTrue((r.stdout + r.stderr).lowercased().contains("usage"), "no usage text: \(r)")
@@ -56,6 +56,40 @@ final class CLITests: MountTestCase {
         }
         XCTAssertTrue(daemonLogTail(lines: 1000).contains("made the store folder \(storeDir) private (mode 755 -> 700)"),
                       daemonLogTail())
+    }
+
+    /// `versions` lists a file's published versions, oldest first, by its path in the mount (while
+    /// the daemon serves it) and by CONTAINER/PATH in the store (with nothing mounted).
+    func testVersionsOfAFileByMountPathAndByStorePath() throws {
+        try mount()
+        let path = docs("SugoiApp") + "/Report.txt"
+        XCTAssertEqual(Posix.writeFile(path, "first\n"), 0)
+        XCTAssertEqual(Posix.writeFile(path, "the second, longer\n"), 0)
+        func rows(_ r: CommandResult) -> [[String]] {
+            r.stdout.split(separator: "\n").dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true).map(String.init) }
+        }
+        let mounted = ubiquityfs(["versions", path])
+        XCTAssertTrue(mounted.succeeded, "\(mounted)")
+        XCTAssertTrue(mounted.stdout.hasPrefix("ID  CREATED"), mounted.stdout)
+        let seen = rows(mounted)
+        XCTAssertEqual(seen.count, 2, mounted.stdout)
+        // ID, date, time, SIZE, DEVICE, ORIGIN, [CURRENT]
+        XCTAssertEqual(seen.map { $0[3] }, ["6", "19"])
+        XCTAssertEqual(seen.map { $0[5] }, ["edit", "edit"])
+        XCTAssertEqual(seen.map { $0.count > 6 ? $0[6] : "" }, ["", "yes"], "the newest is current")
+        let folder = ubiquityfs(["versions", docs("SugoiApp")])
+        XCTAssertEqual(folder.status, 64)
+        XCTAssertTrue(folder.stderr.contains("is not a file"), folder.stderr)
+        let outside = ubiquityfs(["versions", workDir])
+        XCTAssertEqual(outside.status, 64)
+        XCTAssertTrue(outside.stderr.contains("is not in a UbiquityFS mount"), outside.stderr)
+        try unmount()
+        let stored = ubiquityfs(["versions", "--store", storeDir, "SugoiApp/Report.txt"])
+        XCTAssertTrue(stored.succeeded, "\(stored)")
+        XCTAssertEqual(rows(stored).map { $0[3] }, ["6", "19"], "the same from the store")
+        let missing = ubiquityfs(["versions", "--store", storeDir, "SugoiApp/Nope.txt"])
+        XCTAssertEqual(missing.status, 64)
+        XCTAssertTrue(missing.stderr.contains("no such file"), missing.stderr)
     }
 
     func testUsageErrorsExit64() throws {
