@@ -97,6 +97,16 @@ func writeError(_ text: String) {
     _ = line.withCString { write(2, $0, strlen($0)) }
 }
 
+/// Rows as columns padded to their widest cell, two spaces apart, on stdout.
+func writeTable(_ rows: [[String]]) {
+    guard let first = rows.first else { return }
+    let widths = (0..<first.count).map { c in rows.map { $0[c].count }.max() ?? 0 }
+    for row in rows {
+        writeOut(row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
+            .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
+    }
+}
+
 func writeOut(_ text: String) {
     let line = text.hasSuffix("\n") ? text : text + "\n"
     _ = line.withCString { write(1, $0, strlen($0)) }

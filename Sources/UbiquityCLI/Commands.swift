@@ -423,11 +423,7 @@ let containersCommand = Subcommand(
                          r.settings.folderLevels.rawValue, r.registeredVersion, r.active ? "active" : "inactive",
                          defaults.contains(r.identifier) ? "yes" : "no"])
         }
-        let widths = (0..<rows[0].count).map { c in rows.map { $0[c].count }.max() ?? 0 }
-        for row in rows {
-            writeOut(row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
-                .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
-        }
+        writeTable(rows)
         if !diagnostics.isEmpty {
             writeOut("")
             for d in diagnostics { writeOut(d.description) }

@@ -34,11 +34,7 @@ let versionsCommand = Subcommand(
             rows.append([String(v.id), timestamp(v.created), String(v.size), v.device.isEmpty ? "-" : v.device,
                          originName(v.origin), v.id == node.currentVersion ? "yes" : ""])
         }
-        let widths = (0..<rows[0].count).map { c in rows.map { $0[c].count }.max() ?? 0 }
-        for row in rows {
-            writeOut(row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
-                .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
-        }
+        writeTable(rows)
         if versions.isEmpty { writeOut("(no published version: the file is empty and was never saved)") }
         return ExitCode.success
     })
