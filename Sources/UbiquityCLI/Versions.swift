@@ -45,6 +45,7 @@ private func originName(_ origin: VersionOrigin) -> String {
     case .published: return "edit"
     case .recovered: return "recovered"
     case .conflict: return "conflict"
+    case .restored: return "restored"
     }
 }
 

@@ -26,6 +26,7 @@ extension UbiquityFileSystem {
                 var staging = Staging(state, ids: ids)
                 let result = try body(&staging)
                 if staging.mutations.isEmpty { return result }
+                settleConflicts(&staging)
                 let freed = try blobsFreed(by: staging)
                 let batch = Batch(staging.mutations,
                                   expecting: state.expectations(for: staging.mutations, unchanged: staging.unchanged),

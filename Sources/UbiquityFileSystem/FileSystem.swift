@@ -99,6 +99,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try register(containers)
         try removeOrphans()
         try recoverWorkingCopies()
+        if !store.work.otherWritersAlive() { makeOwedConflictCopies() }
         try collectGarbage()
     }
 
@@ -508,7 +509,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// One name of `n` is gone: lower its link count; delete it when none is left and it is not open.
-    private func dropLink(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
+    func dropLink(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
         n.nlink -= 1
         n.ctime = now
         let referenced = docsLock.withLock { isReferenced(n.ino) }

@@ -20,6 +20,8 @@ final class Namespace: @unchecked Sendable {
     var chunks: [InodeNumber: [ChunkRef]] = [:]
     var containers: [String: ContainerRecord] = [:]
     var meta: [String: String] = [:]
+    /// Unresolved conflicts by conflict version, kept from `meta` (see `Conflict`).
+    private(set) var conflicts: [VersionID: Conflict] = [:]
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
@@ -41,6 +43,7 @@ final class Namespace: @unchecked Sendable {
         for v in snapshot.currentVersions where nodes[v.ino]?.currentVersion == v.id { chunks[v.ino] = v.chunks }
         for c in snapshot.containers { containers[c.identifier] = c }
         meta = snapshot.meta
+        conflicts = Conflict.all(in: meta)
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
         seq = snapshot.seq
@@ -56,6 +59,7 @@ final class Namespace: @unchecked Sendable {
         chunks = other.chunks
         containers = other.containers
         meta = other.meta
+        conflicts = other.conflicts
         maxIno = other.maxIno
         maxVersion = other.maxVersion
         seq = other.seq
@@ -140,8 +144,10 @@ final class Namespace: @unchecked Sendable {
             break   // only older versions move; current chunk lists are unchanged
         case .setMeta(let key, let value):
             meta[key] = value
+            Conflict.note(key: key, value: value, in: &conflicts)
         case .deleteMeta(let key):
             meta[key] = nil
+            Conflict.note(key: key, value: nil, in: &conflicts)
         }
     }
 }

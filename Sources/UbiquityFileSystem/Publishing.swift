@@ -21,13 +21,13 @@ extension UbiquityFileSystem {
         // Published meanwhile (an idle publish, without a barrier): the barrier is still owed.
         guard let p = try doc.preparePublish() else { try sync?(); return }
         let (chunks, size, mtime, ctime) = (p.chunks, p.size, p.mtime, p.ctime)
-        let committed = try mutate { s -> VersionID? in
+        let committed = try mutate { s -> (VersionID, Conflict?)? in
             guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
             let id = try s.newVersion()
             if let origin = beside {
                 s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                                 chunks: chunks, origin: origin, device: self.device)))
-                return id
+                return (id, nil)
             }
             if n.currentVersion != doc.baseVersion {
                 // Another writer published this file since this edit began: never overwrite
@@ -36,13 +36,16 @@ extension UbiquityFileSystem {
                 s.expectUnchanged(n.ino)
                 s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                                 chunks: chunks, origin: .conflict, device: self.device)))
+                // Unresolved until the user says; its copy beside the file is made next.
+                let conflict = Conflict(version: id, file: n.ino)
+                s.add(.setMeta(key: conflict.key, value: conflict.value))
                 // The kernel may hold this edit's size and times: the file shows the other's.
                 // An open document follows the current version once it has no changes left.
                 self.pendingInvalidations.append(.node(n.ino))
                 self.pendingRebases.insert(n.ino)
                 self.log("inode \(n.ino) was published elsewhere since this edit began; "
                          + "the edit is kept as conflict version \(id)")
-                return id
+                return (id, conflict)
             }
             s.add(.putVersion(VersionRecord(id: id, ino: n.ino, created: nowNanoseconds(), size: size,
                                             chunks: chunks, origin: .published, device: self.device)))
@@ -52,11 +55,12 @@ extension UbiquityFileSystem {
             n.ctime = max(n.ctime, ctime)
             n.currentVersion = id
             s.put(n)
-            return id
+            return (id, nil)
         }
         // The file is gone: `p` goes unfinished, and its chunks with it.
-        guard let id = committed else { return }
+        guard let (id, conflict) = committed else { return }
         try p.finish(as: id, sync: sync, removeLater: removeLater)
+        if let conflict { makeConflictCopy(conflict) }
     }
 
     /// Count the version being added to `ino`; past the retention limit (plus slack), stage the

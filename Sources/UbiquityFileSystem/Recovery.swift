@@ -57,10 +57,10 @@ extension UbiquityFileSystem {
     }
 
     /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
-    /// a finished document: it becomes the current version, as the publish the daemon did not
-    /// get to would have made it. Any other (still open at the crash, possibly torn by a power
-    /// cut, or based on a version that is no longer current) is kept as a `recovered` version
-    /// beside the current one, for the user to restore.
+    /// a finished document: it is published as the daemon would have published it (current, or
+    /// a conflict if its base is no longer current). Any other (still open at the crash,
+    /// possibly torn by a power cut) is kept as a `recovered` version beside the current one,
+    /// for the user to restore.
     func recoverWorkingCopies() throws {
         for leftover in try store.work.leftovers() {
             let node = ns.read { state.nodes[leftover.ino] }
@@ -73,8 +73,9 @@ extension UbiquityFileSystem {
             let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
                                mtime: leftover.finished ? leftover.modified : max(node.mtime, leftover.modified),
                                store: store)
-            if leftover.finished && leftover.intact && leftover.base == node.currentVersion {
+            if leftover.finished && leftover.intact {
                 // Durable, as every publish below: the working copy is deleted once this commits.
+                // On a base that is no longer current it is a conflict, like any other publish.
                 try publish(doc, durable: true)
                 // A change no kernel request made: the kernel may hold the old size and times.
                 // And a document open here follows it, unless it has changes of its own (those
@@ -83,7 +84,9 @@ extension UbiquityFileSystem {
                     pendingInvalidations.append(.node(node.ino))
                     pendingRebases.insert(node.ino)
                 }
-                log("published inode \(node.ino), closed before the daemon stopped, as its current version")
+                log(leftover.base == node.currentVersion
+                    ? "published inode \(node.ino), closed before the daemon stopped, as its current version"
+                    : "inode \(node.ino), closed before the daemon stopped, was edited on an older version: kept as a conflict")
                 continue
             }
             try publish(doc, durable: true, beside: .recovered)

@@ -187,6 +187,8 @@ public enum VersionOrigin: String, Sendable, Codable {
     /// Published on a base that was no longer current (another writer published first): kept
     /// beside the current version, never over it.
     case conflict
+    /// An older version published again as current, or copied beside its file, by the user.
+    case restored
 }
 
 public struct VersionRecord: Sendable, Equatable, Codable {

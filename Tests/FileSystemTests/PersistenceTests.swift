@@ -441,8 +441,9 @@ final class PersistenceTests: XCTestCase {
     }
 
     /// A finished copy whose base is no longer the file's current version (another writer
-    /// published meanwhile) must not replace that version: it is kept beside it.
-    func testFinishedCopyOnAStaleBaseStaysASideVersion() throws {
+    /// published meanwhile) must not replace that version: it becomes a conflict, as the
+    /// publish the daemon did not get to would have.
+    func testFinishedCopyOnAStaleBaseBecomesAConflict() throws {
         let store = makeMemoryStore()
         var ino: UInt64 = 0
         do {
@@ -464,8 +465,12 @@ final class PersistenceTests: XCTestCase {
         let fs = try openFS(store)
         assertBytes(try fs.contents(ino), b("theirs"))
         let versions = try store.metadata.versions(of: ino)
-        XCTAssertEqual(versions.map(\.origin), [.published, .published, .recovered])
+        XCTAssertEqual(versions.map(\.origin), [.published, .published, .conflict])
         assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), b("mine"))
+        // And shown beside the file, as any conflict.
+        let copy = try XCTUnwrap(try fs.names("SugoiApp").first { $0.hasPrefix("report (conflict from ") })
+        assertBytes(try fs.contents("SugoiApp/" + copy), b("mine"))
+        XCTAssertEqual(fs.unresolvedConflicts().count, 1)
     }
 
     /// After a power cut a closed but unsynced working copy may be torn: it is kept beside the

@@ -1,0 +1,232 @@
+// A file's history as users work with it: conflict copies beside a file whose edit lost a
+// race, resolving them, and restoring versions (in place or beside). Two models on one store
+// stand for two devices.
+
+import Foundation
+import XCTest
+@testable import UbiquityFileSystem
+import UbiquityStore
+
+final class HistoryTests: XCTestCase {
+    var store: BackingStore!
+    var plan: FaultPlan!
+    var one: UbiquityFileSystem!
+    var two: UbiquityFileSystem!
+    var docs: UInt64 = 0
+
+    override func setUpWithError() throws {
+        store = makeMemoryStore()
+        plan = FaultPlan()
+        one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
+        two = try UbiquityFileSystem(store: faultInjecting(store, plan: plan), containers: Sample.all, view: .drive, device: "B")
+        docs = try one.ino("SugoiApp")
+    }
+
+    override func tearDown() {
+        one = nil
+        two = nil
+        store = nil
+    }
+
+    /// `Report.txt` holding "v2 from a" on one, and b's edit of v1, "v2 from b", published on two
+    /// after it: a conflict. Returns the file.
+    private func makeConflict() throws -> UInt64 {
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v2 from a"))
+        try two.put(hb, b("v2 from b"), at: 0)
+        try two.release(handle: hb)
+        return f
+    }
+
+    private func copyName(_ fs: UbiquityFileSystem) throws -> String? {
+        try fs.names(docs).first { $0.hasPrefix("Report (conflict from B ") }
+    }
+
+    func testAConflictIsShownBesideTheFileUntilResolved() throws {
+        let f = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two), "the copy is beside the file on the device that lost")
+        XCTAssertTrue(name.hasSuffix(").txt"), name)
+        XCTAssertNotNil(name.range(of: #"^Report \(conflict from B \d{4}-\d\d-\d\d \d\d\.\d\d\)\.txt$"#, options: .regularExpression), name)
+        assertBytes(try two.contents("SugoiApp/" + name), b("v2 from b"))
+        assertBytes(try two.contents(f), b("v2 from a"), "the other edit stays current")
+        try one.catchUp()
+        XCTAssertEqual(try copyName(one), name, "and on the other device")
+        let conflicts = one.unresolvedConflicts()
+        XCTAssertEqual(conflicts.count, 1)
+        XCTAssertEqual(conflicts.first?.file, f)
+        XCTAssertEqual(one.displayPath(of: f), "SugoiApp/Report.txt")
+        XCTAssertEqual(conflicts.first?.copy.flatMap(one.displayPath(of:)), "SugoiApp/" + name)
+        // The copy is the user's own file: it has the file's owner and mode.
+        let a = try one.at("SugoiApp/" + name)
+        XCTAssertEqual(a.mode & 0o7777, 0o644)
+        XCTAssertEqual(a.uid, owner.uid)
+    }
+
+    func testKeepCurrentRemovesTheCopyAndKeepsItsContentInTheHistory() throws {
+        let f = try makeConflict()
+        let result = try one.resolve(f, keep: .current)
+        XCTAssertEqual(result.removedCopies.count, 1)
+        XCTAssertEqual(try one.names(docs), ["Report.txt"])
+        XCTAssertEqual(one.unresolvedConflicts(), [])
+        assertBytes(try one.contents(f), b("v2 from a"))
+        let versions = try store.metadata.versions(of: f)
+        XCTAssertEqual(versions.map(\.origin), [.published, .published, .conflict], "nothing lost")
+        assertErrno(ENOENT, try one.resolve(f, keep: .current), "nothing left to resolve")
+        try two.catchUp()
+        XCTAssertEqual(try two.names(docs), ["Report.txt"])
+        XCTAssertEqual(two.unresolvedConflicts(), [])
+    }
+
+    func testKeepAVersionMakesItCurrent() throws {
+        let f = try makeConflict()
+        let conflict = try XCTUnwrap(two.unresolvedConflicts().first)
+        let result = try two.resolve(f, keep: .version(conflict.version))
+        XCTAssertEqual(result.resolved, [conflict.version])
+        assertBytes(try two.contents(f), b("v2 from b"))
+        try one.catchUp()
+        assertBytes(try one.contents(f), b("v2 from b"))
+        XCTAssertEqual(try one.names(docs), ["Report.txt"])
+        let versions = try store.metadata.versions(of: f)
+        XCTAssertEqual(versions.last?.origin, .restored)
+        XCTAssertEqual(versions.map(\.origin).filter { $0 == .published }.count, 2, "a's edit stays in the history")
+    }
+
+    func testKeepBothLeavesTheCopyAsAnOrdinaryFile() throws {
+        let f = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two))
+        _ = try two.resolve(f, keep: .both)
+        XCTAssertEqual(two.unresolvedConflicts(), [])
+        XCTAssertEqual(try two.names(docs).sorted(), [name, "Report.txt"].sorted())
+        assertBytes(try two.contents("SugoiApp/" + name), b("v2 from b"))
+    }
+
+    func testDeletingTheCopyResolves() throws {
+        _ = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two))
+        try one.catchUp()
+        try one.unlink(parent: docs, name: b(name))
+        XCTAssertEqual(one.unresolvedConflicts(), [])
+        try two.catchUp()
+        XCTAssertEqual(two.unresolvedConflicts(), [])
+    }
+
+    func testAnEditedCopyIsNeverRemoved() throws {
+        let f = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two))
+        try two.writeFile(try two.ino("SugoiApp/" + name), b("merged by hand"))
+        let result = try two.resolve(f, keep: .current)
+        XCTAssertEqual(result.removedCopies, [])
+        XCTAssertEqual(result.keptCopies.count, 1)
+        assertBytes(try two.contents("SugoiApp/" + name), b("merged by hand"))
+        XCTAssertEqual(two.unresolvedConflicts(), [])
+    }
+
+    func testAnAtomicSaveOverTheFileKeepsItsConflicts() throws {
+        let f = try makeConflict()
+        try one.catchUp()
+        let tmp = try one.makeFile(docs, ".Report.txt.swp", b("saved"))
+        try one.rename(parent: docs, name: b(".Report.txt.swp"), newParent: docs, newName: b("Report.txt"), flags: [])
+        XCTAssertEqual(one.unresolvedConflicts().map(\.file), [tmp], "the history, conflicts with it, goes to the new file")
+        XCTAssertNotEqual(tmp, f)
+        _ = try one.resolve(tmp, keep: .current)
+        XCTAssertEqual(try one.names(docs), ["Report.txt"])
+    }
+
+    func testDeletingTheFileLeavesTheCopy() throws {
+        _ = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two))
+        try two.unlink(parent: docs, name: b("Report.txt"))
+        XCTAssertEqual(two.unresolvedConflicts(), [])
+        assertBytes(try two.contents("SugoiApp/" + name), b("v2 from b"))
+    }
+
+    /// The daemon stops between recording the conflict and making its copy: the next start
+    /// makes it.
+    func testAnOwedCopyIsMadeAtTheNextStart() throws {
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v2 from a"))
+        try two.put(hb, b("v2 from b"), at: 0)
+        plan.fail(.blobRead, errno: EIO)
+        try two.release(handle: hb)
+        plan.clearAll()
+        XCTAssertNil(try copyName(two), "the copy could not be made")
+        XCTAssertEqual(two.unresolvedConflicts().map(\.copy), [nil], "and is owed")
+        two = nil
+        let three = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "C")
+        let name = try XCTUnwrap(try three.names(docs).first { $0.hasPrefix("Report (conflict from B ") })
+        assertBytes(try three.contents("SugoiApp/" + name), b("v2 from b"))
+        XCTAssertNotNil(three.unresolvedConflicts().first?.copy)
+    }
+
+    func testTwoConflictsOfOneMinuteGetDistinctNames() throws {
+        let f = try makeConflict()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.catchUp()
+        try one.writeFile(f, b("v3 from a"))
+        try two.put(hb, b("v3 from b"), at: 0)
+        try two.release(handle: hb)
+        let copies = try two.names(docs).filter { $0.hasPrefix("Report (conflict") }
+        XCTAssertEqual(copies.count, 2, "\(copies)")
+        XCTAssertEqual(two.unresolvedConflicts().count, 2)
+        _ = try two.resolve(f, keep: .current)
+        XCTAssertEqual(try two.names(docs), ["Report.txt"])
+    }
+
+    func testRestoreInPlaceKeepsTheReplacedVersion() throws {
+        let f = try one.makeFile(docs, "Report.txt", b("first"))
+        try one.writeFile(f, b("second"))
+        let first = try XCTUnwrap(try store.metadata.versions(of: f).first)
+        try two.catchUp()
+        let reader = try two.open(f, flags: O_RDONLY)
+        try one.restore(f, version: first.id)
+        assertBytes(try one.contents(f), b("first"))
+        XCTAssertEqual(try one.getattr(f).size, 5)
+        let versions = try store.metadata.versions(of: f)
+        XCTAssertEqual(versions.map(\.origin), [.published, .published, .restored])
+        try two.catchUp()
+        assertBytes(try two.get(reader, at: 0, count: 10), b("first"), "an open reader follows")
+        try two.release(handle: reader)
+        assertErrno(EINVAL, try one.restore(f, version: 999_999))
+        let other = try one.makeFile(docs, "Other.txt", b("x"))
+        assertErrno(EINVAL, try one.restore(other, version: first.id), "not this file's version")
+    }
+
+    func testRestoreBesideCopiesTheContent() throws {
+        let f = try one.makeFile(docs, "Report.txt", b("first"))
+        try one.writeFile(f, b("second"))
+        let first = try XCTUnwrap(try store.metadata.versions(of: f).first)
+        let copy = try one.restore(f, version: first.id, as: b("Report (old).txt"))
+        XCTAssertNotEqual(copy, f)
+        assertBytes(try one.contents("SugoiApp/Report (old).txt"), b("first"))
+        assertBytes(try one.contents(f), b("second"), "the file is left as it is")
+        assertErrno(EEXIST, try one.restore(f, version: first.id, as: b("Report (old).txt")))
+        // The copy has content of its own: deleting the file (and its history) leaves it whole.
+        try one.unlink(parent: docs, name: b("Report.txt"))
+        try one.collectGarbage()
+        assertBytes(try one.contents(copy), b("first"))
+        XCTAssertEqual(try store.metadata.versions(of: copy).map(\.origin), [.restored])
+    }
+
+    func testConflictCopyNames() {
+        let when: Int64 = 1_800_000_000 * 1_000_000_000
+        func name(_ n: String, taken: Set<String> = []) -> String {
+            String(decoding: conflictCopyName(b(n), device: "host", created: when) { taken.contains(String(decoding: $0, as: UTF8.self)) },
+                   as: UTF8.self)
+        }
+        let stamp = name("x").dropFirst("x (conflict from host ".count).prefix(16)
+        XCTAssertEqual(name("Report.txt"), "Report (conflict from host \(stamp)).txt")
+        XCTAssertEqual(name("Makefile"), "Makefile (conflict from host \(stamp))")
+        XCTAssertEqual(name(".bashrc"), ".bashrc (conflict from host \(stamp))")
+        XCTAssertEqual(name("a.tar.gz"), "a.tar (conflict from host \(stamp)).gz")
+        XCTAssertEqual(name("Report.txt", taken: ["Report (conflict from host \(stamp)).txt"]),
+                       "Report (conflict from host \(stamp) 2).txt")
+        let long = name(String(repeating: "é", count: 127) + ".txt")
+        XCTAssertLessThanOrEqual(long.utf8.count, 255)
+        XCTAssertTrue(long.hasSuffix(")).txt") || long.hasSuffix(").txt"))
+        XCTAssertTrue(long.hasPrefix("éé"))
+    }
+}
