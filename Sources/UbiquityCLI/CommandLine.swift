@@ -99,11 +99,15 @@ func writeError(_ text: String) {
 
 /// Rows as columns padded to their widest cell, two spaces apart, on stdout.
 func writeTable(_ rows: [[String]]) {
-    guard let first = rows.first else { return }
+    for line in formatTable(rows) { writeOut(line) }
+}
+
+func formatTable(_ rows: [[String]]) -> [String] {
+    guard let first = rows.first else { return [] }
     let widths = (0..<first.count).map { c in rows.map { $0[c].count }.max() ?? 0 }
-    for row in rows {
-        writeOut(row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
-            .joined(separator: "  ").trimmingCharacters(in: .whitespaces))
+    return rows.map { row in
+        row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
+            .joined(separator: "  ").trimmingCharacters(in: .whitespaces)
     }
 }
 
@@ -112,7 +116,8 @@ func writeOut(_ text: String) {
     _ = line.withCString { write(1, $0, strlen($0)) }
 }
 
-let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand]
+let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand,
+                                 restoreCommand, resolveCommand, statusCommand]
 
 let mainUsage = """
 usage: ubiquityfs COMMAND [OPTIONS]

@@ -206,7 +206,15 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     publisher.start()
     let feed = ChangeFeed(fs: fs, session: session, log: log)
     feed.start()
+    // `restore`, `resolve` and `status` come through here while the mount runs.
+    let control = ControlServer(storeDir: storeDir, fs: fs, log: log)
+    var controlling = true
+    do { try control.start() } catch {
+        controlling = false
+        log("commands cannot reach this daemon (they will open the store themselves): \(error)")
+    }
     let signal = session.run()
+    if controlling { control.stop() }
     feed.stop()
     publisher.stop()
     log(signal == 0 ? "unmounted; publishing pending work" : "signal \(signal); publishing pending work and unmounting")

@@ -49,66 +49,10 @@ private func originName(_ origin: VersionOrigin) -> String {
     }
 }
 
-private func timestamp(_ nanoseconds: Int64) -> String {
+func timestamp(_ nanoseconds: Int64) -> String {
     let date = Date(timeIntervalSince1970: TimeInterval(nanoseconds) / 1e9)
     let f = DateFormatter()
     f.locale = Locale(identifier: "en_US_POSIX")
     f.dateFormat = "yyyy-MM-dd HH:mm:ss"
     return f.string(from: date)
-}
-
-/// The store folder and inode number a command's path names.
-private func locate(_ path: String, store: String?) throws -> (String, InodeNumber) {
-    if let store {
-        let dir = absolutePath(store)
-        let db = dir + "/metadata.sqlite3"
-        guard FileManager.default.fileExists(atPath: db) else { throw UsageError(message: "no store in \(dir)") }
-        let snapshot = try SQLiteMetadataStore(readOnlyPath: db).load()
-        return (dir, try resolve(path, in: snapshot))
-    }
-    let full = absolutePath(path)
-    var st = stat()
-    guard lstat(full, &st) == 0 else {
-        throw UsageError(message: "\(path): \(String(cString: strerror(errno)))")
-    }
-    // The mount root is the topmost folder on the same device.
-    var root = (full as NSString).deletingLastPathComponent
-    var top = full
-    while true {
-        var up = stat()
-        guard stat(root, &up) == 0, up.st_dev == st.st_dev, top != "/" else { break }
-        top = root
-        root = (root as NSString).deletingLastPathComponent
-    }
-    var buffer = [UInt8](repeating: 0, count: 4096)
-    let n = buffer.withUnsafeMutableBytes { c_getxattr(top, "user.ubiquityfs.store", $0.baseAddress, $0.count) }
-    guard n > 0 else {
-        throw UsageError(message: "\(path) is not in a UbiquityFS mount; name it as CONTAINER/PATH with --store DIR")
-    }
-    return (String(decoding: buffer[0..<n], as: UTF8.self), InodeNumber(st.st_ino))
-}
-
-/// CONTAINER/PATH as the drive view shows it: the container by name (or identifier), then the
-/// path inside its Documents.
-private func resolve(_ path: String, in snapshot: StoreSnapshot) throws -> InodeNumber {
-    let parts = path.split(separator: "/").map { Array($0.utf8) }
-    guard let first = parts.first, parts.count >= 2 else {
-        throw UsageError(message: "\(path): name a file as CONTAINER/PATH, e.g. TestDrive/MyTextFile.txt")
-    }
-    let name = String(decoding: first, as: UTF8.self)
-    guard let container = snapshot.containers.first(where: { $0.name == name || $0.identifier == name }) else {
-        throw UsageError(message: "\(path): no container named \(name) in the store")
-    }
-    var children: [InodeNumber: [[UInt8]: InodeNumber]] = [:]
-    for d in snapshot.dirents { children[d.parent, default: [:]][d.name] = d.child }
-    guard var cur = children[container.rootIno]?[Array("Documents".utf8)] else {
-        throw UsageError(message: "\(path): the container has no Documents folder")
-    }
-    for part in parts.dropFirst() {
-        guard let next = children[cur]?[part] else {
-            throw UsageError(message: "\(path): no such file in the store")
-        }
-        cur = next
-    }
-    return cur
 }

@@ -198,12 +198,17 @@ final class Document: @unchecked Sendable {
     /// dies before the publish (release comes after close(2) has returned), recovery makes it
     /// the current version rather than a side version: "saved, closed, then the daemon died"
     /// must not show the old file. Under `lock`, so no write can slip between check and mark.
-    func flushed(handle: UInt64) throws {
+    /// Returns whether every writer has now closed the document with changes unpublished.
+    @discardableResult
+    func flushed(handle: UInt64) throws -> Bool {
         try lock.write {
             unflushed.remove(handle)
-            guard unflushed.isEmpty, let work, !finished, stat().unpublished else { return }
-            try work.setFinished(mtime: statLock.withLock { mtime })
-            finished = true
+            guard unflushed.isEmpty, let work, stat().unpublished else { return false }
+            if !finished {
+                try work.setFinished(mtime: statLock.withLock { mtime })
+                finished = true
+            }
+            return true
         }
     }
 

@@ -35,6 +35,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Published versions kept per file (the newest ones; recovered versions are never pruned).
     /// Pruning runs when a file has half as many again, so it costs one listing per many publishes.
     public var versionsToKeep = 64
+    /// Publish when the last writer closes (flush), not at the release after it. Off only in
+    /// tests, to stand for a daemon killed between the two.
+    var publishesOnClose = true
 
     /// Serializes every change to `state` (this writer's commits, other writers' batches). Its
     /// holder reads `state` without `ns` (nobody else changes it), stages, commits to the store,

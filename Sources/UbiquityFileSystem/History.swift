@@ -154,6 +154,13 @@ extension UbiquityFileSystem {
         ns.read { state.conflicts.values.sorted { $0.version < $1.version } }
     }
 
+    /// Versions recovered from working copies a stopped daemon left, of files that still exist.
+    public func recoveredVersions() throws(FSError) -> [VersionRecord] {
+        let all: [VersionRecord]
+        do { all = try store.metadata.versions(withOrigin: .recovered) } catch { throw FSError(error) }
+        return ns.read { all.filter { state.nodes[$0.ino].map { $0.nlink > 0 } ?? false } }
+    }
+
     /// Files held open here with changes not yet published.
     public func pendingPublishes() -> [InodeNumber] {
         docsLock.withLock { docs.values.filter(\.hasUnpublishedChanges).map(\.ino) }.sorted()

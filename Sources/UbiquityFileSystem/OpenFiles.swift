@@ -94,9 +94,21 @@ extension UbiquityFileSystem {
         try typed {
             let (doc, flags) = try fileDocument(handle)
             guard Self.mayWrite(flags) else { return }
-            do { try doc.flushed(handle: handle) } catch {
+            let closed: Bool
+            do { closed = try doc.flushed(handle: handle) } catch {
                 // Not fatal: the content is in the working copy, which recovery keeps as a version.
                 log("marking inode \(doc.ino) closed failed: \(error)")
+                return
+            }
+            // Every writer has closed it: publish now, before close() returns, not at the
+            // release the kernel sends later. So what a program wrote is the file's version, on
+            // every mount and to `ubiquityfs versions`, once its close returns; and a failure
+            // reaches the program's close() instead of only the log.
+            if closed && publishesOnClose && !isNameless(doc.ino) {
+                do { try publish(doc, durable: false) } catch {
+                    log("publish of inode \(doc.ino) at close failed, its working copy is kept: \(error)")
+                    throw FSError(error)
+                }
             }
         }
     }

@@ -294,6 +294,8 @@ public protocol MetadataStore: AnyObject, Sendable {
     /// All versions of a node, oldest first.
     func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord]
     func version(_ id: VersionID) throws(StoreError) -> VersionRecord?
+    /// Every version of that origin, by id (`ubiquityfs status`: recovered versions).
+    func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord]
     /// Free-space figures of the store's disk, for statfs.
     func capacity() -> StoreCapacity
     /// Every blob any version refers to (for garbage collection).

@@ -195,6 +195,11 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
         return try wrapped.versions(of: ino)
     }
 
+    public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
+        try plan.check(.versions)
+        return try wrapped.versions(withOrigin: origin)
+    }
+
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try plan.check(.version)
         return try wrapped.version(id)

@@ -753,6 +753,16 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
+        try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
+            var result: [VersionRecord] = []
+            try run("SELECT \(Self.versionColumns) FROM versions WHERE origin = ?1 ORDER BY id",
+                    bind: { b throws(StoreError) in try b.text(1, origin.rawValue) },
+                    row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
+            return result
+        }
+    }
+
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try mutex.withLock { () throws(StoreError) -> VersionRecord? in
             var result: VersionRecord?

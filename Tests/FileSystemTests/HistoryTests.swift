@@ -211,6 +211,23 @@ final class HistoryTests: XCTestCase {
         XCTAssertEqual(try store.metadata.versions(of: copy).map(\.origin), [.restored])
     }
 
+    /// The version is there when close() returns (flush), not only after the release the
+    /// kernel sends later; while another writer still has it open, the close publishes nothing.
+    func testTheLastWritersClosePublishes() throws {
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        let w1 = try one.open(f, flags: O_RDWR), w2 = try one.open(f, flags: O_WRONLY)
+        try one.put(w1, b("v2"), at: 0)
+        try one.flush(handle: w1)
+        XCTAssertEqual(try store.metadata.versions(of: f).count, 1, "w2 may still write")
+        try one.flush(handle: w2)
+        XCTAssertEqual(try store.metadata.versions(of: f).count, 2)
+        try two.catchUp()
+        assertBytes(try two.contents(f), b("v2"), "the other device reads it before any release")
+        try one.release(handle: w1)
+        try one.release(handle: w2)
+        XCTAssertEqual(try store.metadata.versions(of: f).count, 2, "nothing more to publish")
+    }
+
     func testConflictCopyNames() {
         let when: Int64 = 1_800_000_000 * 1_000_000_000
         func name(_ n: String, taken: Set<String> = []) -> String {

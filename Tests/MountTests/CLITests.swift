@@ -24,7 +24,8 @@ final class CLITests: MountTestCase {
     private let falsy: Set<String> = ["no", "false", "private"]
 
     func testHelpOnEverySubcommand() throws {
-        for args in [["--help"], ["mount", "--help"], ["unmount", "--help"], ["containers", "--help"], ["check", "--help"], ["versions", "--help"]] {
+        for args in [["--help"], ["mount", "--help"], ["unmount", "--help"], ["containers", "--help"], ["check", "--help"], ["versions", "--help"],
+                     ["restore", "--help"], ["resolve", "--help"], ["status", "--help"]] {
             let r = ubiquityfs(args, timeout: 20)
             XCTAssertEqual(r.status, 0, "\(r)")
             XCTAssertTrue((r.stdout + r.stderr).lowercased().contains("usage"), "no usage text: \(r)")
@@ -90,6 +91,55 @@ final class CLITests: MountTestCase {
         let missing = ubiquityfs(["versions", "--store", storeDir, "SugoiApp/Nope.txt"])
         XCTAssertEqual(missing.status, 64)
         XCTAssertTrue(missing.stderr.contains("no such file"), missing.stderr)
+    }
+
+    /// `restore` through the daemon shows in the mount at once (the kernel is told, even with a
+    /// long cache), in place or beside; with nothing mounted it opens the store itself. The
+    /// daemon's socket refuses another user.
+    func testRestoreThroughTheDaemonAndWithoutIt() throws {
+        try mount(extra: ["--cache-seconds", "600"])
+        let path = docs("SugoiApp") + "/Report.txt"
+        XCTAssertEqual(Posix.writeFile(path, "first\n"), 0)
+        XCTAssertEqual(Posix.writeFile(path, "the second, longer\n"), 0)
+        XCTAssertEqual(Posix.readText(path), "the second, longer\n")
+        let listed = ubiquityfs(["versions", path])
+        let first = try XCTUnwrap(listed.lines.dropFirst().first?.split(separator: " ").first.map(String.init))
+        let restored = ubiquityfs(["restore", path, "--version", first])
+        XCTAssertTrue(restored.succeeded, restored.description)
+        XCTAssertEqual(restored.stdout, "SugoiApp/Report.txt: version \(first) restored as the current version\n")
+        XCTAssertEqual(Posix.readText(path), "first\n", "the mount shows it at once")
+        XCTAssertEqual(Posix.stat(path)?.st_size, 6)
+        let origins = ubiquityfs(["versions", path]).lines.dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true)[5] }
+        XCTAssertEqual(origins, ["edit", "edit", "restored"], "the replaced version stays")
+        let beside = ubiquityfs(["restore", path, "--version", first, "--as", "Report (old).txt"])
+        XCTAssertTrue(beside.succeeded, beside.description)
+        XCTAssertEqual(Posix.readText(docs("SugoiApp") + "/Report (old).txt"), "first\n")
+        let taken = ubiquityfs(["restore", path, "--version", first, "--as", "Report (old).txt"])
+        XCTAssertEqual(taken.status, 1)
+        XCTAssertTrue(taken.stderr.contains("already exists"), taken.stderr)
+        let wrong = ubiquityfs(["restore", path, "--version", "999999"])
+        XCTAssertEqual(wrong.status, 1)
+        XCTAssertTrue(wrong.stderr.contains("not one of this file's versions"), wrong.stderr)
+        XCTAssertEqual(ubiquityfs(["restore", path]).status, 64, "--version is required")
+        XCTAssertEqual(ubiquityfs(["resolve", path, "--keep", "sideways"]).status, 64)
+        let none = ubiquityfs(["resolve", path, "--keep", "current"])
+        XCTAssertEqual(none.status, 1)
+        XCTAssertTrue(none.stderr.contains("no unresolved conflict"), none.stderr)
+        // Only the store's user may talk to the daemon (the socket's folder is private too).
+        let other = sh("runuser -u nobody -- \(shellQuote(Self.binary)) status --store \(shellQuote(storeDir))")
+        XCTAssertFalse(other.succeeded, other.description)
+        let status = ubiquityfs(["status", mountPoint])
+        XCTAssertTrue(status.succeeded, status.description)
+        XCTAssertTrue(status.stdout.hasPrefix("pending publishes: none\nunresolved conflicts: none\nrecovered versions: none"), status.stdout)
+        try unmount()
+        XCTAssertEqual(ls(storeDir + "/control"), [], "the daemon removes its socket")
+        let stored = ubiquityfs(["restore", "--store", storeDir, "SugoiApp/Report.txt", "--version", first])
+        XCTAssertTrue(stored.succeeded, stored.description)
+        XCTAssertTrue(ubiquityfs(["status", "--store", storeDir]).stdout.contains("no daemon serves this store"))
+        try mount()
+        XCTAssertEqual(Posix.readText(path), "first\n")
+        XCTAssertEqual(ubiquityfs(["versions", path]).lines.count, 5, "header and four versions")
+        try unmount()
     }
 
     func testUsageErrorsExit64() throws {

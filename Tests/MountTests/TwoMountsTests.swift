@@ -76,8 +76,9 @@ final class TwoMountsTests: MountTestCase {
     }
 
     /// An edit saved on a base the other mount replaced meanwhile never overwrites the other's
-    /// content: that stays the file's, on both mounts (the edit is kept as a conflict version),
-    /// and the editing mount's kernel does not go on showing the edit's size.
+    /// content: that stays the file's, on both mounts (the edit is kept as a conflict version and
+    /// shown beside it as a conflict copy), and the editing mount's kernel does not go on showing
+    /// the edit's size. `resolve` through one mount shows on both.
     func testAnEditOnAStaleBaseLeavesTheOthersContentShowing() throws {
         try mount(extra: Self.longCache)
         try mountSecond()
@@ -94,6 +95,26 @@ final class TwoMountsTests: MountTestCase {
         eventually("A's content on B after B's stale save") { Posix.readText(b) == "A wins\n" }
         XCTAssertEqual(Posix.readText(a), "A wins\n")
         XCTAssertEqual(Posix.stat(b)?.st_size, 7)
+        // B's edit is shown beside the file, on both mounts, until resolved.
+        let isCopy: (String) -> Bool = { $0.hasPrefix("shared (conflict from ") && $0.hasSuffix(").txt") }
+        eventually("the conflict copy on B") { ls(second + "/Notes").contains(where: isCopy) }
+        eventually("the conflict copy on A") { ls(docs("Notes")).contains(where: isCopy) }
+        let copy = try XCTUnwrap(ls(docs("Notes")).first(where: isCopy))
+        XCTAssertEqual(Posix.readText(docs("Notes") + "/" + copy), edit)
+        let status = ubiquityfs(["status", mountPoint])
+        XCTAssertTrue(status.succeeded, status.description)
+        XCTAssertTrue(status.stdout.contains("unresolved conflicts: 1"), status.stdout)
+        XCTAssertTrue(status.stdout.contains("Notes/" + copy), status.stdout)
+        // Keep B's edit: it becomes the file on both mounts, and the copy goes.
+        let conflictVersion = try XCTUnwrap(ubiquityfs(["versions", b]).lines.first { $0.contains("conflict") }?
+            .split(separator: " ").first.map(String.init))
+        let resolved = ubiquityfs(["resolve", b, "--keep", conflictVersion])
+        XCTAssertTrue(resolved.succeeded, resolved.description)
+        eventually("B's edit current on A") { Posix.readText(a) == edit }
+        eventually("B's edit current on B") { Posix.readText(b) == edit }
+        eventually("no copy on A") { !ls(docs("Notes")).contains(where: isCopy) }
+        eventually("no copy on B") { !ls(second + "/Notes").contains(where: isCopy) }
+        XCTAssertTrue(ubiquityfs(["status", second]).stdout.contains("unresolved conflicts: none"))
         try unmount(at: second)
         try unmount()
     }
