@@ -216,9 +216,10 @@ final class HistoryTests: XCTestCase {
     func testTheLastWritersClosePublishes() throws {
         let f = try one.makeFile(docs, "Report.txt", b("v1"))
         let w1 = try one.open(f, flags: O_RDWR), w2 = try one.open(f, flags: O_WRONLY)
-        try one.put(w1, b("v2"), at: 0)
+        try one.put(w1, b("v"), at: 0)
+        try one.put(w2, b("2"), at: 1)
         try one.flush(handle: w1)
-        XCTAssertEqual(try store.metadata.versions(of: f).count, 1, "w2 may still write")
+        XCTAssertEqual(try store.metadata.versions(of: f).count, 1, "w2 has written and not closed")
         try one.flush(handle: w2)
         XCTAssertEqual(try store.metadata.versions(of: f).count, 2)
         try two.catchUp()
