@@ -131,7 +131,7 @@ final class ControlServer: @unchecked Sendable {
         guard listener >= 0 else { throw FSError(errno, "control socket") }
         unlink(path)
         let rc = withSocketAddress(path) { bind(listener, $0, $1) }
-        guard rc == 0, listen(listener, 16) == 0 else {
+        guard rc == 0, chmod(path, 0o600) == 0, listen(listener, 16) == 0 else {
             let e = errno
             close(listener)
             throw FSError(e, "cannot listen on \(path)")
