@@ -38,6 +38,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Publish when the last writer closes (flush), not at the release after it. Off only in
     /// tests, to stand for a daemon killed between the two.
     var publishesOnClose = true
+    /// Days an item stays in Recently Deleted before it is deleted for good.
+    public var recentlyDeletedDays = 30
+    /// Wall-clock time (ns) for Recently Deleted's dates and expiry; tests move it on.
+    public var clock: @Sendable () -> Int64 = { nowNanoseconds() }
 
     /// Serializes every change to `state` (this writer's commits, other writers' batches). Its
     /// holder reads `state` without `ns` (nobody else changes it), stages, commits to the store,
@@ -56,7 +60,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public let writerID: String
     var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
     /// What this view shows and allows; set once, in init (it names the active containers).
-    private var policy: ViewPolicy
+    var policy: ViewPolicy
 
     let docsLock = Lock()
     var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
@@ -170,7 +174,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         case .root: throw FSError.readOnly("the mount root is read-only")
         case .node(let n):
             guard n.kind == .directory else { throw FSError.notDir() }
-            if n.nlink == 0 { throw FSError.noEntry("the folder was removed") }
+            if n.nlink == 0 || state.trashed[n.ino] != nil { throw FSError.noEntry("the folder was removed") }
             return n
         }
     }
@@ -206,7 +210,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         case .regular: break
         default: size = 0; allocated = 0
         }
-        return Attributes(ino: n.ino, mode: n.kind.typeBits | n.mode, nlink: n.nlink, uid: n.uid, gid: n.gid,
+        // An item in Recently Deleted has no name in any view: to a program that still has it
+        // open it is unlinked, as on a local disk.
+        let nlink = state.trashed[n.ino] == nil ? n.nlink : 0
+        return Attributes(ino: n.ino, mode: n.kind.typeBits | n.mode, nlink: nlink, uid: n.uid, gid: n.gid,
                           size: size, blocks: (allocated + 511) / 512, atime: n.atime, mtime: mtime, ctime: ctime,
                           rdev: n.rdev)
     }
@@ -454,7 +461,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 var p = try writableDirectory(newParent)
                 if p.container != n.container { throw FSError(EXDEV, "hard links cannot cross containers") }
                 if state.children[p.ino]?[newName] != nil { throw FSError(EEXIST, "already exists") }
-                if n.nlink == 0 { throw FSError(ENOENT, "file was deleted") }
+                if n.nlink == 0 || state.trashed[n.ino] != nil { throw FSError(ENOENT, "file was deleted") }
                 if n.nlink >= 65000 { throw FSError(EMLINK, "too many links") }
                 let now = nowNanoseconds()
                 n.nlink += 1
@@ -497,13 +504,18 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if directory {
                 guard n.kind == .directory else { throw FSError.notDir() }
                 if !(state.children[n.ino]?.isEmpty ?? true) { throw FSError(ENOTEMPTY, "folder is not empty") }
-                s.add(.deleteDirent(parent: p.ino, name: name))
-                dropFolder(&s, &n, now: now)
+                if try !stageTrash(&s, &n, from: p, name: name, now: now) {
+                    s.add(.deleteDirent(parent: p.ino, name: name))
+                    dropFolder(&s, &n, now: now)
+                }
                 p.nlink -= 1
             } else {
                 if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
-                s.add(.deleteDirent(parent: p.ino, name: name))
-                dropLink(&s, &n, now: now)
+                // The last name of a document goes to Recently Deleted; another name just goes.
+                if try n.nlink > 1 || !stageTrash(&s, &n, from: p, name: name, now: now) {
+                    s.add(.deleteDirent(parent: p.ino, name: name))
+                    dropLink(&s, &n, now: now)
+                }
             }
             p.mtime = now
             p.ctime = now
@@ -525,7 +537,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// A folder's only name is gone: delete it, or keep it nameless while the kernel still refers
     /// to it (a process's working folder).
-    private func dropFolder(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
+    func dropFolder(_ s: inout Staging, _ n: inout NodeRecord, now: Int64) {
         if docsLock.withLock({ isReferenced(n.ino) }) {
             n.nlink = 0
             n.ctime = now

@@ -169,19 +169,22 @@ extension UbiquityFileSystem {
     /// Where `ino` is, as the drive view shows it: `ContainerName/path/in/Documents`, or
     /// `identifier:/path` for something outside Documents. Nil if it has no name.
     public func displayPath(of ino: InodeNumber) -> String? {
-        ns.read {
-            guard let n = state.nodes[ino], let c = state.containers[n.container] else { return nil }
-            var parts: [String] = []
-            var cur = ino
-            let docs = state.children[c.rootIno]?[documentsName]
-            while cur != c.rootIno && cur != docs {
-                guard let (p, name) = state.firstName(of: cur) else { return nil }
-                parts.append(String(decoding: name, as: UTF8.self))
-                cur = p
-            }
-            let path = parts.reversed().joined(separator: "/")
-            return cur == docs ? c.name + "/" + path : c.identifier + ":/" + path
+        ns.read { displayPathLocked(of: ino) }
+    }
+
+    /// `displayPath`; caller holds ns (or commits).
+    func displayPathLocked(of ino: InodeNumber) -> String? {
+        guard let n = state.nodes[ino], let c = state.containers[n.container] else { return nil }
+        var parts: [String] = []
+        var cur = ino
+        let docs = state.children[c.rootIno]?[documentsName]
+        while cur != c.rootIno && cur != docs {
+            guard let (p, name) = state.firstName(of: cur) else { return nil }
+            parts.append(String(decoding: name, as: UTF8.self))
+            cur = p
         }
+        let path = parts.reversed().joined(separator: "/")
+        return cur == docs ? ([c.name] + parts.reversed()).joined(separator: "/") : c.identifier + ":/" + path
     }
 
     /// Version `id`, which must be one of file `ino`'s.

@@ -22,6 +22,8 @@ final class Namespace: @unchecked Sendable {
     var meta: [String: String] = [:]
     /// Unresolved conflicts by conflict version, kept from `meta` (see `Conflict`).
     private(set) var conflicts: [VersionID: Conflict] = [:]
+    /// Items in Recently Deleted by node, kept from `meta` (see `TrashRecord`).
+    private(set) var trashed: [InodeNumber: TrashRecord] = [:]
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
@@ -44,6 +46,7 @@ final class Namespace: @unchecked Sendable {
         for c in snapshot.containers { containers[c.identifier] = c }
         meta = snapshot.meta
         conflicts = Conflict.all(in: meta)
+        trashed = TrashRecord.all(in: meta)
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
         seq = snapshot.seq
@@ -60,6 +63,7 @@ final class Namespace: @unchecked Sendable {
         containers = other.containers
         meta = other.meta
         conflicts = other.conflicts
+        trashed = other.trashed
         maxIno = other.maxIno
         maxVersion = other.maxVersion
         seq = other.seq
@@ -145,9 +149,11 @@ final class Namespace: @unchecked Sendable {
         case .setMeta(let key, let value):
             meta[key] = value
             Conflict.note(key: key, value: value, in: &conflicts)
+            TrashRecord.note(key: key, value: value, in: &trashed)
         case .deleteMeta(let key):
             meta[key] = nil
             Conflict.note(key: key, value: nil, in: &conflicts)
+            TrashRecord.note(key: key, value: nil, in: &trashed)
         }
     }
 }

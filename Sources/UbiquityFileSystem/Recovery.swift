@@ -22,6 +22,7 @@ extension UbiquityFileSystem {
     /// the collection before (an hour earlier): one of them may still be reading a file deleted
     /// here a moment ago. Runs at start-up and every hour.
     func collectGarbage() throws {
+        expireTrash()
         do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {
             log("trimming the store's change log failed: \(error)")
         }

@@ -138,7 +138,9 @@ final class HistoryTests: XCTestCase {
         _ = try makeConflict()
         let name = try XCTUnwrap(try copyName(two))
         try two.unlink(parent: docs, name: b("Report.txt"))
-        XCTAssertEqual(two.unresolvedConflicts(), [])
+        XCTAssertEqual(two.unresolvedConflicts().count, 1, "the file, in Recently Deleted, keeps its history")
+        XCTAssertEqual(try two.emptyTrash(), 1)
+        XCTAssertEqual(two.unresolvedConflicts(), [], "gone for good: its conflicts go with its versions")
         assertBytes(try two.contents("SugoiApp/" + name), b("v2 from b"))
     }
 

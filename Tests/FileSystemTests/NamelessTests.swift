@@ -1,6 +1,8 @@
 // Files and folders whose last name is gone while the kernel still refers to them (an O_PATH
 // descriptor, a dentry not yet forgotten): they stay usable, are never published, leave no
-// content behind once forgotten, and the versions they still show are never pruned.
+// content behind once forgotten, and the versions they still show are never pruned. These are
+// deletes for real, so outside Documents (an app's private data, through the app view): inside
+// it a delete is a move to Recently Deleted (RecentlyDeletedTests).
 
 import Foundation
 import XCTest
@@ -10,8 +12,8 @@ import UbiquityStore
 final class NamelessTests: XCTestCase {
     private func open() throws -> (UbiquityFileSystem, BackingStore, UInt64) {
         let store = makeMemoryStore()
-        let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
-        return (fs, store, try fs.ino("SugoiApp"))
+        let fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .app(bundleIdentifier: Sample.sugoi.bundleIdentifier))
+        return (fs, store, try fs.ino(Sample.sugoi.identifier))
     }
 
     func testUnlinkedFileKeepsItsBytesWhileReferencedAndLeavesNothingWhenForgotten() throws {
@@ -58,11 +60,11 @@ final class NamelessTests: XCTestCase {
         let old = try fs.makeFile(docs, "t2", b("two"))
         fs.remember(old)                               // an O_PATH descriptor on t2
         try fs.rename(parent: docs, name: b("t1"), newParent: docs, newName: b("t2"), flags: [])
-        let replacement = try fs.ino("SugoiApp/t2")
+        let replacement = try fs.ino(Sample.sugoi.identifier + "/t2")
         for i in 0..<20 { try fs.writeFile(replacement, b("v\(i)")) }
         XCTAssertLessThan(try store.metadata.versions(of: replacement).count, 10, "pruning ran")
         assertBytes(try fs.contents(old), b("two"), "the replaced file still reads its content")
         fs.forget(old, count: 1)
-        assertBytes(try fs.contents("SugoiApp/t2"), b("v19"))
+        assertBytes(try fs.contents(Sample.sugoi.identifier + "/t2"), b("v19"))
     }
 }

@@ -336,8 +336,9 @@ final class PersistenceTests: XCTestCase {
         XCTAssertEqual(freshVersions.map(\.origin), [.recovered])
         assertBytes(try bytes(of: XCTUnwrap(freshVersions.first), in: store), b("never published"))
 
-        assertErrno(ENOENT, try fs.getattr(unlinked), "a file unlinked while open does not come back")
-        XCTAssertEqual(try store.metadata.versions(of: unlinked), [])
+        // Unlinked while open: in Recently Deleted, with what was written kept as a version.
+        XCTAssertEqual(fs.trashItems().map(\.ino), [unlinked])
+        XCTAssertEqual(try store.metadata.versions(of: unlinked).map(\.origin), [.recovered])
         XCTAssertEqual(try fs.names("SugoiApp"), ["new.txt", "report.txt"])
         XCTAssertEqual(try store.work.leftovers().count, 0, "recovered working copies are gone")
         XCTAssertFalse(messages.lines.isEmpty, "recovery is logged")

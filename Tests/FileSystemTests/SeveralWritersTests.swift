@@ -219,6 +219,7 @@ final class SeveralWritersTests: XCTestCase {
         try two.catchUp()
         let h = try two.open(f, flags: O_RDONLY)
         try one.unlink(parent: docs, name: b("read.txt"))
+        try one.emptyTrash()   // deleted for good, not just into Recently Deleted
         try two.catchUp()
         for id in blobs.blobIDs { blobs.backdate(id, by: 11 * 60 * 1_000_000_000) }
         try two.collectGarbage()

@@ -68,8 +68,10 @@ final class VersionHistoryTests: XCTestCase {
         XCTAssertEqual(blobs.blobIDs.count, 1 + versions.count)
         assertBytes(try fs.contents(file), shared + b("v20"))
 
-        // Deleting the file frees its content at once.
+        // Deleting the file keeps it in Recently Deleted; emptying that frees its content at once.
         try fs.unlink(parent: docs, name: b("log.bin"))
+        XCTAssertEqual(blobs.blobIDs.count, 1 + versions.count)
+        XCTAssertEqual(try fs.emptyTrash(), 1)
         XCTAssertEqual(blobs.blobIDs.count, 0)
     }
 }

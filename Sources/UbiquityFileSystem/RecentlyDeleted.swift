@@ -1,0 +1,257 @@
+// Recently Deleted: what a user deletes from a container's Documents (unlink of a file's last
+// name, rmdir) moves, in the same one commit, into a folder of the container's own that no view
+// shows, with its versions, for 30 days (`recentlyDeletedDays`); `ubiquityfs trash` lists,
+// restores and empties it. So a delete stays a metadata change (`rm -rf` moves names, copies
+// nothing) and is undone as one. An app's private data outside Documents is deleted for real,
+// as on iCloud.
+
+import Foundation
+import UbiquityStore
+
+/// The folder in each container's root that holds its Recently Deleted items, each named by its
+/// inode number.
+let recentlyDeletedName = Array(".ubiquityfs-recently-deleted".utf8)
+
+/// One item in Recently Deleted, recorded in the store's `meta` table as `deleted.<ino>` =
+/// `<folder it was in> <deletion time, ns> <name in hex> <device>`, so it reaches other writers
+/// through the change log with the move that made it.
+public struct TrashRecord: Sendable, Equatable {
+    public var ino: InodeNumber
+    /// The folder it was deleted from, and its name there.
+    public var parent: InodeNumber
+    public var name: [UInt8]
+    public var deleted: Int64
+    public var device: String
+
+    static let prefix = "deleted."
+    var key: String { Self.prefix + String(ino) }
+    var value: String { "\(parent) \(deleted) \(name.map { String(format: "%02x", $0) }.joined()) \(device)" }
+
+    init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, device: String) {
+        self.ino = ino; self.parent = parent; self.name = name; self.deleted = deleted; self.device = device
+    }
+
+    init?(key: String, value: String) {
+        guard key.hasPrefix(Self.prefix), let ino = InodeNumber(key.dropFirst(Self.prefix.count)) else { return nil }
+        let f = value.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
+        guard f.count >= 3, let parent = InodeNumber(f[0]), let deleted = Int64(f[1]), f[2].count % 2 == 0 else { return nil }
+        var name: [UInt8] = []
+        var i = f[2].startIndex
+        while i < f[2].endIndex {
+            let j = f[2].index(i, offsetBy: 2)
+            guard let byte = UInt8(f[2][i..<j], radix: 16) else { return nil }
+            name.append(byte)
+            i = j
+        }
+        self.init(ino: ino, parent: parent, name: name, deleted: deleted, device: f.count > 3 ? String(f[3]) : "")
+    }
+
+    static func all(in meta: [String: String]) -> [InodeNumber: TrashRecord] {
+        var out: [InodeNumber: TrashRecord] = [:]
+        for (k, v) in meta where k.hasPrefix(prefix) {
+            if let r = TrashRecord(key: k, value: v) { out[r.ino] = r }
+        }
+        return out
+    }
+
+    static func note(key: String, value: String?, in trashed: inout [InodeNumber: TrashRecord]) {
+        guard key.hasPrefix(prefix), let ino = InodeNumber(key.dropFirst(prefix.count)) else { return }
+        trashed[ino] = value.flatMap { TrashRecord(key: key, value: $0) }
+    }
+}
+
+/// An item of Recently Deleted as `ubiquityfs trash list` shows it.
+public struct TrashItem: Sendable, Equatable {
+    public var ino: InodeNumber
+    public var container: String
+    /// Where it was, as the drive view shows it (`TestDrive/Drafts/Report.txt`).
+    public var originalPath: String
+    public var deleted: Int64
+    public var device: String
+    public var kind: NodeKind
+    public var size: UInt64
+}
+
+extension UbiquityFileSystem {
+    /// Stage the move of `n` (its last name `name` in `p`) into its container's Recently Deleted,
+    /// if it is inside Documents; false if it is not (the caller deletes it for real). Caller
+    /// holds commits (in `mutate`) and updates `p`'s link count (for a folder) and times.
+    func stageTrash(_ s: inout Staging, _ n: inout NodeRecord, from p: NodeRecord, name: [UInt8], now: Int64) throws -> Bool {
+        guard let c = s.base.containers[n.container], policy.depth(of: p.ino, in: c, s.base) != nil else { return false }
+        var folder: NodeRecord
+        if let existing = s.base.children[c.rootIno]?[recentlyDeletedName], let f = s.node(existing) {
+            folder = f
+        } else {
+            // Made on the first delete, private to the store's owner.
+            folder = newNode(ino: try s.newIno(), container: c.identifier, kind: .directory, mode: 0o700,
+                             caller: Caller(uid: ownerUID, gid: ownerGID))
+            guard var root = s.node(c.rootIno) else { return false }
+            root.nlink += 1
+            s.put(root)
+            s.put(folder)
+            s.add(.putDirent(DirentRecord(parent: c.rootIno, name: recentlyDeletedName, child: folder.ino)))
+        }
+        s.add(.deleteDirent(parent: p.ino, name: name))
+        s.add(.putDirent(DirentRecord(parent: folder.ino, name: Array(String(n.ino).utf8), child: n.ino)))
+        if n.kind == .directory { folder.nlink += 1 }
+        s.put(folder)
+        n.ctime = now
+        s.put(n)
+        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), device: device)
+        s.add(.setMeta(key: record.key, value: record.value))
+        // A deleted conflict copy resolves its conflict (its content stays in the file's history).
+        for conflict in s.base.conflicts.values where conflict.copy == n.ino { s.add(.deleteMeta(key: conflict.key)) }
+        return true
+    }
+
+    /// Recently Deleted items, newest first; of one container (name or identifier) if given.
+    public func trashItems(container: String? = nil) -> [TrashItem] {
+        ns.read {
+            state.trashed.values.compactMap { r -> TrashItem? in
+                guard let n = state.nodes[r.ino], let c = state.containers[n.container] else { return nil }
+                if let container, c.name != container && c.identifier != container { return nil }
+                return TrashItem(ino: r.ino, container: c.name, originalPath: originalPath(r), deleted: r.deleted,
+                                 device: r.device, kind: n.kind, size: n.kind == .regular ? n.size : 0)
+            }.sorted { ($0.deleted, $0.ino) > ($1.deleted, $1.ino) }
+        }
+    }
+
+    /// Where a trashed item was. Caller holds ns.
+    private func originalPath(_ r: TrashRecord) -> String {
+        let name = String(decoding: r.name, as: UTF8.self)
+        if let up = state.trashed[r.parent] { return originalPath(up) + "/" + name }
+        return (displayPathLocked(of: r.parent) ?? "?") + "/" + name
+    }
+
+    /// Put item `ino` back where it was deleted from (under `Name 2.ext` if the name is taken
+    /// now), after its folder if that was deleted too; a folder brings back what was deleted from
+    /// it. Returns where it is now.
+    @discardableResult
+    public func restoreFromTrash(_ ino: InodeNumber) throws(FSError) -> String {
+        try typed {
+            try commits.withLock { try catchUpLocked() }
+            guard let r = ns.read({ state.trashed[ino] }) else { throw FSError(ENOENT, "item \(ino) is not in Recently Deleted") }
+            if ns.read({ state.trashed[r.parent] != nil }) {
+                _ = try restoreFromTrash(r.parent)
+                // Its folder brought it back with it.
+                if ns.read({ state.trashed[ino] == nil }) { return displayPath(of: ino) ?? "inode \(ino)" }
+            }
+            try mutate { s in
+                guard let r = s.base.trashed[ino], var n = s.node(ino), let c = s.base.containers[n.container],
+                      let folderIno = s.base.children[c.rootIno]?[recentlyDeletedName], var folder = s.node(folderIno) else {
+                    throw FSError(ENOENT, "item \(ino) is not in Recently Deleted")
+                }
+                // Back to its folder if that is still in Documents, else to Documents itself.
+                var target = r.parent
+                if s.node(target)?.kind != .directory || s.base.trashed[target] != nil
+                    || policy.depth(of: target, in: c, s.base) == nil {
+                    guard let docs = s.base.children[c.rootIno]?[documentsName] else { throw FSError(ENOENT, "the container has no Documents") }
+                    target = docs
+                }
+                var p = s.node(target)!
+                let name = freeName(r.name) { s.base.children[target]?[$0] != nil }
+                let now = nowNanoseconds()
+                s.add(.deleteDirent(parent: folder.ino, name: Array(String(ino).utf8)))
+                s.add(.putDirent(DirentRecord(parent: target, name: name, child: ino)))
+                s.add(.deleteMeta(key: r.key))
+                if n.kind == .directory { folder.nlink -= 1; p.nlink += 1 }
+                s.put(folder)
+                n.ctime = now
+                s.put(n)
+                p.mtime = now
+                p.ctime = now
+                s.put(p)
+                pendingInvalidations.append(.entry(parent: target, name: name))
+                pendingInvalidations.append(.node(target))
+                pendingInvalidations.append(.node(ino))
+            }
+            // What was deleted from a folder comes back with it.
+            for child in ns.read({ state.trashed.values.filter { $0.parent == ino }.map(\.ino) }) {
+                _ = try restoreFromTrash(child)
+            }
+            return displayPath(of: ino) ?? "inode \(ino)"
+        }
+    }
+
+    /// Delete items of Recently Deleted for good (their versions and content go): `ino`, or every
+    /// item deleted before `before` (of one container if given). Returns how many went.
+    @discardableResult
+    public func emptyTrash(_ ino: InodeNumber? = nil, deletedBefore before: Int64? = nil, container: String? = nil) throws(FSError) -> Int {
+        try typed {
+            try commits.withLock { try catchUpLocked() }
+            let doomed: [InodeNumber]
+            if let ino {
+                guard ns.read({ state.trashed[ino] }) != nil else { throw FSError(ENOENT, "item \(ino) is not in Recently Deleted") }
+                doomed = [ino]
+            } else {
+                doomed = trashItems(container: container).filter { before == nil || $0.deleted < before! }.map(\.ino)
+            }
+            var count = 0
+            // One commit per item: a long emptying never holds the namespace for long.
+            for item in doomed {
+                let purged = try mutate { s -> Bool in
+                    guard let r = s.base.trashed[item], var n = s.node(item), let c = s.base.containers[n.container],
+                          let folderIno = s.base.children[c.rootIno]?[recentlyDeletedName], var folder = s.node(folderIno) else { return false }
+                    let now = nowNanoseconds()
+                    s.add(.deleteDirent(parent: folder.ino, name: Array(String(item).utf8)))
+                    s.add(.deleteMeta(key: r.key))
+                    if n.kind == .directory {
+                        folder.nlink -= 1
+                        purgeContents(&s, of: n.ino, now: now)
+                        dropFolder(&s, &n, now: now)
+                    } else {
+                        dropLink(&s, &n, now: now)
+                    }
+                    s.put(folder)
+                    return true
+                }
+                if purged { count += 1 }
+            }
+            return count
+        }
+    }
+
+    /// Everything inside folder `dir` goes for good (a folder that went to Recently Deleted whole).
+    private func purgeContents(_ s: inout Staging, of dir: InodeNumber, now: Int64) {
+        for (name, child) in s.base.children[dir] ?? [:] {
+            guard var n = s.node(child) else { continue }
+            s.add(.deleteDirent(parent: dir, name: name))
+            if n.kind == .directory {
+                purgeContents(&s, of: child, now: now)
+                dropFolder(&s, &n, now: now)
+            } else {
+                dropLink(&s, &n, now: now)
+            }
+        }
+    }
+
+    /// Items older than `recentlyDeletedDays` go for good (at start and every hour).
+    func expireTrash() {
+        let cutoff = clock() - Int64(recentlyDeletedDays) * 86_400 * 1_000_000_000
+        do {
+            let n = try emptyTrash(deletedBefore: cutoff)
+            if n > 0 { log("Recently Deleted: \(n) items older than \(recentlyDeletedDays) days deleted for good") }
+        } catch { log("Recently Deleted: expiring old items failed: \(error)") }
+    }
+}
+
+/// `name`, or `name 2.ext`, `name 3.ext`, … (iCloud's rule) while `taken`.
+func freeName(_ name: [UInt8], taken: ([UInt8]) -> Bool) -> [UInt8] {
+    guard taken(name) else { return name }
+    let text = String(decoding: name, as: UTF8.self)
+    var stem = text
+    var ext = ""
+    if let dot = text.lastIndex(of: "."), dot != text.startIndex {
+        stem = String(text[..<dot])
+        ext = String(text[dot...])
+    }
+    var n = 2
+    while true {
+        var s = stem
+        let tail = " \(n)" + ext
+        while s.utf8.count + tail.utf8.count > nameMax, !s.isEmpty { s.removeLast() }
+        let candidate = Array((s + tail).utf8)
+        if !taken(candidate) { return candidate }
+        n += 1
+    }
+}

@@ -1,0 +1,181 @@
+// Recently Deleted: a delete in Documents is a move into the container's Recently Deleted, undone
+// by `restoreFromTrash`, emptied by `emptyTrash` or after `recentlyDeletedDays`; an app's private
+// data outside Documents is deleted for real.
+
+import Foundation
+import XCTest
+@testable import UbiquityFileSystem
+import UbiquityStore
+
+final class RecentlyDeletedTests: XCTestCase {
+    var store: BackingStore!
+    var fs: UbiquityFileSystem!
+    var docs: UInt64 = 0
+    let day: Int64 = 86_400 * 1_000_000_000
+
+    override func setUpWithError() throws {
+        store = makeMemoryStore()
+        fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
+        docs = try fs.ino("SugoiApp")
+    }
+
+    override func tearDown() {
+        fs = nil
+        store = nil
+    }
+
+    func testADeletedFileComesBackWithItsHistory() throws {
+        let drafts = try fs.mkdir(parent: docs, name: b("Drafts"), mode: 0o755, caller: owner).ino
+        let f = try fs.makeFile(drafts, "a.txt", b("one"))
+        try fs.writeFile(f, b("two"))
+        try fs.unlink(parent: drafts, name: b("a.txt"))
+        XCTAssertEqual(try fs.names(drafts), [])
+        let items = fs.trashItems()
+        XCTAssertEqual(items.map(\.originalPath), ["SugoiApp/Drafts/a.txt"])
+        XCTAssertEqual(items.first?.size, 3)
+        XCTAssertEqual(items.first?.device, "A")
+        XCTAssertEqual(fs.trashItems(container: "TestDrive"), [])
+        XCTAssertEqual(fs.trashItems(container: Sample.sugoi.identifier).count, 1)
+        XCTAssertEqual(try fs.restoreFromTrash(f), "SugoiApp/Drafts/a.txt")
+        assertBytes(try fs.contents("SugoiApp/Drafts/a.txt"), b("two"))
+        XCTAssertEqual(try fs.getattr(f).nlink, 1)
+        XCTAssertEqual(try store.metadata.versions(of: f).count, 2, "its versions came with it")
+        XCTAssertEqual(fs.trashItems(), [])
+        assertErrno(ENOENT, try fs.restoreFromTrash(f))
+    }
+
+    func testARestoreNeverReplacesWhatTookTheName() throws {
+        let f = try fs.makeFile(docs, "Report.txt", b("old"))
+        try fs.unlink(parent: docs, name: b("Report.txt"))
+        try fs.makeFile(docs, "Report.txt", b("new"))
+        XCTAssertEqual(try fs.restoreFromTrash(f), "SugoiApp/Report 2.txt")
+        assertBytes(try fs.contents("SugoiApp/Report.txt"), b("new"))
+        assertBytes(try fs.contents("SugoiApp/Report 2.txt"), b("old"))
+        XCTAssertEqual(String(decoding: freeName(b("Makefile")) { $0 == b("Makefile") || $0 == b("Makefile 2") }, as: UTF8.self),
+                       "Makefile 3")
+    }
+
+    /// `rm -rf` deletes file by file, then the folders: restoring the top folder brings back
+    /// the whole tree.
+    func testAFolderComesBackWithWhatWasDeletedFromIt() throws {
+        let top = try fs.mkdir(parent: docs, name: b("Project"), mode: 0o755, caller: owner).ino
+        let sub = try fs.mkdir(parent: top, name: b("src"), mode: 0o755, caller: owner).ino
+        try fs.makeFile(top, "README", b("read me"))
+        try fs.makeFile(sub, "main.c", b("int main;"))
+        let before = try fs.getattr(docs).nlink
+        try fs.unlink(parent: sub, name: b("main.c"))
+        try fs.rmdir(parent: top, name: b("src"))
+        try fs.unlink(parent: top, name: b("README"))
+        try fs.rmdir(parent: docs, name: b("Project"))
+        XCTAssertEqual(try fs.names(docs), [])
+        XCTAssertEqual(try fs.getattr(docs).nlink, before - 1)
+        XCTAssertEqual(Set(fs.trashItems().map(\.originalPath)),
+                       ["SugoiApp/Project", "SugoiApp/Project/src", "SugoiApp/Project/README", "SugoiApp/Project/src/main.c"])
+        XCTAssertEqual(try fs.restoreFromTrash(top), "SugoiApp/Project")
+        assertBytes(try fs.contents("SugoiApp/Project/README"), b("read me"))
+        assertBytes(try fs.contents("SugoiApp/Project/src/main.c"), b("int main;"))
+        XCTAssertEqual(try fs.getattr(docs).nlink, before)
+        XCTAssertEqual(try fs.getattr(top).nlink, 3)
+        XCTAssertEqual(fs.trashItems(), [])
+    }
+
+    /// Restoring an item whose folder was deleted restores that folder first; one whose folder is
+    /// gone for good goes to Documents.
+    func testAnItemWhoseFolderWentComesBackSomewhere() throws {
+        let d = try fs.mkdir(parent: docs, name: b("d"), mode: 0o755, caller: owner).ino
+        let f = try fs.makeFile(d, "f.txt", b("x"))
+        try fs.unlink(parent: d, name: b("f.txt"))
+        try fs.rmdir(parent: docs, name: b("d"))
+        XCTAssertEqual(try fs.restoreFromTrash(f), "SugoiApp/d/f.txt", "its folder came back first")
+        try fs.unlink(parent: d, name: b("f.txt"))
+        try fs.rmdir(parent: docs, name: b("d"))
+        XCTAssertEqual(try fs.emptyTrash(d), 1)
+        XCTAssertEqual(try fs.restoreFromTrash(f), "SugoiApp/f.txt")
+    }
+
+    func testItemsExpireAfterTheRetention() throws {
+        var now = nowNanoseconds()
+        let clock = LockedClock(now)
+        fs.clock = { clock.now }
+        let old = try fs.makeFile(docs, "old.txt", b("old"))
+        try fs.unlink(parent: docs, name: b("old.txt"))
+        now += 20 * day
+        clock.now = now
+        let young = try fs.makeFile(docs, "young.txt", b("young"))
+        try fs.unlink(parent: docs, name: b("young.txt"))
+        now += 11 * day
+        clock.now = now
+        try fs.collectGarbage()
+        XCTAssertEqual(fs.trashItems().map(\.ino), [young], "31 days gone, 11 days kept")
+        assertErrno(ENOENT, try fs.getattr(old))
+        XCTAssertEqual(try store.metadata.versions(of: old), [])
+        fs.recentlyDeletedDays = 7
+        try fs.collectGarbage()
+        XCTAssertEqual(fs.trashItems(), [])
+        XCTAssertEqual((store.blobs as! MemoryBlobStore).blobIDs.count, 0, "their content is freed")
+    }
+
+    func testEmptyOlderThan() throws {
+        let clock = LockedClock(nowNanoseconds())
+        fs.clock = { clock.now }
+        try fs.makeFile(docs, "a", b("a"))
+        try fs.unlink(parent: docs, name: b("a"))
+        clock.now += 3 * day
+        let bIno = try fs.makeFile(docs, "b", b("b"))
+        try fs.unlink(parent: docs, name: b("b"))
+        XCTAssertEqual(try fs.emptyTrash(deletedBefore: clock.now - 2 * day), 1)
+        XCTAssertEqual(fs.trashItems().map(\.ino), [bIno])
+        XCTAssertEqual(try fs.emptyTrash(container: "TestDrive"), 0)
+        XCTAssertEqual(try fs.emptyTrash(), 1)
+    }
+
+    /// The app view shows the container whole: Recently Deleted is not in it, its name cannot be
+    /// taken, Documents deletes are trashed and private data is deleted for real.
+    func testTheAppViewNeitherShowsNorTrashesPrivateData() throws {
+        let app = try UbiquityFileSystem(store: store, containers: Sample.all, view: .app(bundleIdentifier: Sample.sugoi.bundleIdentifier))
+        let root = try app.ino(Sample.sugoi.identifier)
+        let appDocs = try app.ino(Sample.sugoi.identifier + "/Documents")
+        let priv = try app.makeFile(root, "cache.db", b("private"))
+        try app.makeFile(appDocs, "doc.txt", b("doc"))
+        try app.unlink(parent: appDocs, name: b("doc.txt"))
+        XCTAssertEqual(app.trashItems().map(\.originalPath), ["SugoiApp/doc.txt"])
+        XCTAssertEqual(try app.names(root), ["Documents", "cache.db"], "Recently Deleted is the store's")
+        assertErrno(ENOENT, try app.lookup(parent: root, name: recentlyDeletedName))
+        assertErrno(EEXIST, try app.mkdir(parent: root, name: recentlyDeletedName, mode: 0o755, caller: owner))
+        try app.unlink(parent: root, name: b("cache.db"))
+        assertErrno(ENOENT, try app.getattr(priv), "deleted for real")
+        XCTAssertEqual(app.trashItems().count, 1)
+    }
+
+    func testAnotherWriterSeesAndRestores() throws {
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+        let f = try fs.makeFile(docs, "shared.txt", b("both"))
+        try fs.unlink(parent: docs, name: b("shared.txt"))
+        try two.catchUp()
+        XCTAssertEqual(two.trashItems().map(\.ino), [f])
+        try two.restoreFromTrash(f)
+        try fs.catchUp()
+        assertBytes(try fs.contents("SugoiApp/shared.txt"), b("both"))
+    }
+
+    /// A second name of a file just goes; only the last one moves the file.
+    func testOnlyTheLastNameMovesTheFile() throws {
+        let f = try fs.makeFile(docs, "a", b("x"))
+        _ = try fs.link(f, newParent: docs, newName: b("b"))
+        try fs.unlink(parent: docs, name: b("a"))
+        XCTAssertEqual(fs.trashItems(), [])
+        XCTAssertEqual(try fs.getattr(f).nlink, 1)
+        try fs.unlink(parent: docs, name: b("b"))
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/b"])
+    }
+}
+
+final class LockedClock: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Int64
+    init(_ value: Int64) { self.value = value }
+    var now: Int64 {
+        get { lock.lock(); defer { lock.unlock() }; return value }
+        set { lock.lock(); value = newValue; lock.unlock() }
+    }
+}
