@@ -15,6 +15,7 @@ final class NamespaceCostTests: XCTestCase {
         let folder = try fs.mkdir(parent: docs, name: b("folder"), mode: 0o755, caller: owner).ino
         try fs.setxattr(files[0], name: b("user.tag"), value: b("one"), flags: 0)
 
+        try fs.unlink(parent: docs, name: b("f5"))   // makes the container's Recently Deleted
         // Changes that add no entry to any table, so no table needs to grow.
         let before = fs.namespaceStorageIdentity
         _ = try fs.setattr(files[1], AttributeChanges(mode: 0o600), handle: nil, caller: owner)
