@@ -117,7 +117,7 @@ func writeOut(_ text: String) {
 }
 
 let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand,
-                                 restoreCommand, resolveCommand, statusCommand]
+                                 restoreCommand, resolveCommand, trashCommand, statusCommand]
 
 let mainUsage = """
 usage: ubiquityfs COMMAND [OPTIONS]

@@ -17,6 +17,10 @@ struct ControlRequest: Codable, Sendable {
     var version: Int64?
     var name: String?
     var keep: String?
+    /// `trash`: list, restore or empty; a container; an age in days.
+    var action: String?
+    var container: String?
+    var days: Double?
 }
 
 struct ControlReply: Codable, Sendable {
@@ -59,6 +63,8 @@ enum ControlHandler {
                 reply.out.append("\(path): \(result.resolved.count) conflict\(result.resolved.count == 1 ? "" : "s") resolved")
             case "status":
                 reply.out = try status(fs, daemon: daemon)
+            case "trash":
+                reply.out = try trash(r, fs: fs)
             default:
                 throw FSError(EINVAL, "unknown request \(r.command)")
             }
@@ -67,6 +73,35 @@ enum ControlHandler {
             reply.err.append("ubiquityfs \(r.command): \(error.message)")
         }
         return reply
+    }
+
+    private static func trash(_ r: ControlRequest, fs: UbiquityFileSystem) throws(FSError) -> [String] {
+        switch r.action {
+        case "list":
+            let items = fs.trashItems(container: r.container)
+            if items.isEmpty { return ["Recently Deleted is empty"] }
+            var rows = [["ID", "DELETED", "KIND", "SIZE", "DEVICE", "FROM"]]
+            for i in items {
+                rows.append([String(i.ino), timestamp(i.deleted), i.kind == .directory ? "folder" : "file", String(i.size),
+                             i.device.isEmpty ? "-" : i.device, i.originalPath])
+            }
+            return formatTable(rows)
+        case "restore":
+            var ino = r.ino
+            if ino == nil, let path = r.name {
+                // The newest item deleted from that path.
+                ino = fs.trashItems().first { $0.originalPath == path }?.ino
+                if ino == nil { throw FSError(ENOENT, "nothing deleted from \(path) is in Recently Deleted") }
+            }
+            guard let ino else { throw FSError(EINVAL, "restore needs an item") }
+            return ["restored \(try fs.restoreFromTrash(ino))"]
+        case "empty":
+            let before = r.days.map { fs.clock() - Int64($0 * 86_400 * 1e9) }
+            let n = try fs.emptyTrash(r.ino, deletedBefore: before, container: r.container)
+            return ["deleted \(n) item\(n == 1 ? "" : "s") for good"]
+        default:
+            throw FSError(EINVAL, "trash takes list, restore or empty")
+        }
     }
 
     private static func status(_ fs: UbiquityFileSystem, daemon: Bool) throws(FSError) -> [String] {
@@ -88,6 +123,8 @@ enum ControlHandler {
             }
             out += formatTable(rows).map { "  " + $0 }
         }
+        let trashed = fs.trashItems()
+        out.append("Recently Deleted: \(trashed.count) item\(trashed.count == 1 ? "" : "s"), \(trashed.reduce(0) { $0 + $1.size }) bytes")
         let recovered = try fs.recoveredVersions()
         out.append("recovered versions: \(recovered.isEmpty ? "none" : String(recovered.count))")
         if !recovered.isEmpty {
@@ -406,6 +443,41 @@ let resolveCommand = Subcommand(
         }
         let (storeDir, ino) = try locate(p.positionals[0], store: p.value("--store"))
         return try runControl(ControlRequest(command: "resolve", ino: ino, keep: keep), storeDir: storeDir)
+    })
+
+let trashCommand = Subcommand(
+    name: "trash",
+    summary: "Recently Deleted: list it, restore an item to where it was, or empty it",
+    usage: "trash list [CONTAINER] | trash restore ID|CONTAINER/PATH | trash empty [ID] [--older-than DAYS] [--container NAME]  [--store DIR]",
+    options: [("--older-than=", "empty: only items deleted more than this many days ago"),
+              ("--container=", "empty: only this container's items"),
+              ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)")],
+    positionals: 1...2,
+    run: { p in
+        let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+        let action = p.positionals[0]
+        var request = ControlRequest(command: "trash", action: action)
+        let arg = p.positionals.count > 1 ? p.positionals[1] : nil
+        switch action {
+        case "list":
+            request.container = arg
+        case "restore":
+            guard let arg else { throw UsageError(message: "trash restore needs an item: its ID (see 'trash list') or CONTAINER/PATH") }
+            if let id = InodeNumber(arg) { request.ino = id } else { request.name = arg }
+        case "empty":
+            if let arg {
+                guard let id = InodeNumber(arg) else { throw UsageError(message: "trash empty takes an item ID (see 'trash list')") }
+                request.ino = id
+            }
+            if let days = p.value("--older-than") {
+                guard let d = Double(days), d >= 0 else { throw UsageError(message: "--older-than needs a number of days") }
+                request.days = d
+            }
+            request.container = p.value("--container")
+        default:
+            throw UsageError(message: "trash takes list, restore or empty")
+        }
+        return try runControl(request, storeDir: storeDir)
     })
 
 let statusCommand = Subcommand(
