@@ -25,7 +25,7 @@ final class CLITests: MountTestCase {
 
     func testHelpOnEverySubcommand() throws {
         for args in [["--help"], ["mount", "--help"], ["unmount", "--help"], ["containers", "--help"], ["check", "--help"], ["versions", "--help"],
-                     ["restore", "--help"], ["resolve", "--help"], ["status", "--help"]] {
+                     ["restore", "--help"], ["resolve", "--help"], ["status", "--help"], ["trash", "--help"]] {
             let r = ubiquityfs(args, timeout: 20)
             XCTAssertEqual(r.status, 0, "\(r)")
             XCTAssertTrue((r.stdout + r.stderr).lowercased().contains("usage"), "no usage text: \(r)")
@@ -130,7 +130,8 @@ final class CLITests: MountTestCase {
         XCTAssertFalse(other.succeeded, other.description)
         let status = ubiquityfs(["status", mountPoint])
         XCTAssertTrue(status.succeeded, status.description)
-        XCTAssertTrue(status.stdout.hasPrefix("pending publishes: none\nunresolved conflicts: none\nrecovered versions: none"), status.stdout)
+        XCTAssertEqual(status.lines, ["pending publishes: none", "unresolved conflicts: none", "Recently Deleted: 0 items, 0 bytes",
+                                      "recovered versions: none"])
         try unmount()
         XCTAssertEqual(ls(storeDir + "/control"), [], "the daemon removes its socket")
         let stored = ubiquityfs(["restore", "--store", storeDir, "SugoiApp/Report.txt", "--version", first])
@@ -140,6 +141,43 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(Posix.readText(path), "first\n")
         XCTAssertEqual(ubiquityfs(["versions", path]).lines.count, 5, "header and four versions")
         try unmount()
+    }
+
+    /// `rm -rf` in a mount moves everything into Recently Deleted; `trash restore` brings the tree
+    /// back and the mount shows it at once (even with a long kernel cache); `trash empty` deletes
+    /// for good.
+    func testRecentlyDeletedThroughTheMount() throws {
+        try mount(extra: ["--cache-seconds", "600"])
+        let sugoi = docs("SugoiApp")
+        assertShell("mkdir -p \(shellQuote(sugoi))/Project/src && echo readme > \(shellQuote(sugoi))/Project/README "
+                    + "&& echo code > \(shellQuote(sugoi))/Project/src/main.c && echo loose > \(shellQuote(sugoi))/loose.txt")
+        XCTAssertEqual(ls(sugoi), ["Project", "loose.txt"])
+        assertShell("rm -rf \(shellQuote(sugoi))/Project \(shellQuote(sugoi))/loose.txt")
+        XCTAssertEqual(ls(sugoi), [])
+        let list = ubiquityfs(["trash", "list", "--store", storeDir])
+        XCTAssertTrue(list.succeeded, list.description)
+        XCTAssertEqual(list.lines.first?.split(separator: " ", omittingEmptySubsequences: true),
+                       ["ID", "DELETED", "KIND", "SIZE", "DEVICE", "FROM"])
+        XCTAssertEqual(Set(list.lines.dropFirst().compactMap { $0.split(separator: " ").last.map(String.init) }),
+                       ["SugoiApp/Project", "SugoiApp/Project/src", "SugoiApp/Project/README", "SugoiApp/Project/src/main.c",
+                        "SugoiApp/loose.txt"])
+        XCTAssertEqual(ubiquityfs(["trash", "list", "TestDrive", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+        XCTAssertTrue(ubiquityfs(["status", mountPoint]).stdout.contains("Recently Deleted: 5 items, 18 bytes"))
+        let restored = ubiquityfs(["trash", "restore", "SugoiApp/Project", "--store", storeDir])
+        XCTAssertTrue(restored.succeeded, restored.description)
+        XCTAssertEqual(restored.stdout, "restored SugoiApp/Project\n")
+        XCTAssertEqual(ls(sugoi), ["Project"], "shown at once")
+        XCTAssertEqual(Posix.readText(sugoi + "/Project/src/main.c"), "code\n")
+        XCTAssertEqual(Posix.readText(sugoi + "/Project/README"), "readme\n")
+        let missing = ubiquityfs(["trash", "restore", "SugoiApp/Nope", "--store", storeDir])
+        XCTAssertEqual(missing.status, 1)
+        XCTAssertTrue(missing.stderr.contains("nothing deleted from SugoiApp/Nope"), missing.stderr)
+        let emptied = ubiquityfs(["trash", "empty", "--store", storeDir])
+        XCTAssertEqual(emptied.stdout, "deleted 1 item for good\n")
+        try unmount()
+        // Without a daemon, on the store itself.
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+        XCTAssertEqual(ubiquityfs(["trash", "bogus", "--store", storeDir]).status, 64)
     }
 
     func testUsageErrorsExit64() throws {
