@@ -61,6 +61,15 @@ extension UbiquityFileSystem {
         guard let (id, conflict) = committed else { return }
         try p.finish(as: id, sync: sync, removeLater: removeLater)
         if let conflict { makeConflictCopy(conflict) }
+        // Another writer (another mount, device) deleted the file while this edit went on: the
+        // edit brings it back, as iCloud does. (A delete here while it is open is this mount's
+        // own, and stays: a program may unlink a file it still writes.)
+        if beside == nil, let r = ns.read({ state.trashed[doc.ino] }), r.writer != writerID {
+            do {
+                let place = try restoreFromTrash(doc.ino)
+                log("inode \(doc.ino) was deleted on \(r.device) while edited here: the edit brings it back as \(place)")
+            } catch { log("inode \(doc.ino) was deleted on \(r.device) while edited here; it stays in Recently Deleted: \(error)") }
+        }
     }
 
     /// Count the version being added to `ino`; past the retention limit (plus slack), stage the

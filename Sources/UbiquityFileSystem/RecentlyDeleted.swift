@@ -13,7 +13,7 @@ import UbiquityStore
 let recentlyDeletedName = Array(".ubiquityfs-recently-deleted".utf8)
 
 /// One item in Recently Deleted, recorded in the store's `meta` table as `deleted.<ino>` =
-/// `<folder it was in> <deletion time, ns> <name in hex> <device>`, so it reaches other writers
+/// `<folder it was in> <deletion time, ns> <name in hex> <writer>`, so it reaches other writers
 /// through the change log with the move that made it.
 public struct TrashRecord: Sendable, Equatable {
     public var ino: InodeNumber
@@ -21,14 +21,16 @@ public struct TrashRecord: Sendable, Equatable {
     public var parent: InodeNumber
     public var name: [UInt8]
     public var deleted: Int64
-    public var device: String
+    /// The writer (daemon) that deleted it; its first word is the device.
+    public var writer: String
+    public var device: String { writer.split(separator: " ").first.map(String.init) ?? "" }
 
     static let prefix = "deleted."
     var key: String { Self.prefix + String(ino) }
-    var value: String { "\(parent) \(deleted) \(name.map { String(format: "%02x", $0) }.joined()) \(device)" }
+    var value: String { "\(parent) \(deleted) \(name.map { String(format: "%02x", $0) }.joined()) \(writer)" }
 
-    init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, device: String) {
-        self.ino = ino; self.parent = parent; self.name = name; self.deleted = deleted; self.device = device
+    init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, writer: String) {
+        self.ino = ino; self.parent = parent; self.name = name; self.deleted = deleted; self.writer = writer
     }
 
     init?(key: String, value: String) {
@@ -43,7 +45,7 @@ public struct TrashRecord: Sendable, Equatable {
             name.append(byte)
             i = j
         }
-        self.init(ino: ino, parent: parent, name: name, deleted: deleted, device: f.count > 3 ? String(f[3]) : "")
+        self.init(ino: ino, parent: parent, name: name, deleted: deleted, writer: f.count > 3 ? String(f[3]) : "")
     }
 
     static func all(in meta: [String: String]) -> [InodeNumber: TrashRecord] {
@@ -97,7 +99,7 @@ extension UbiquityFileSystem {
         s.put(folder)
         n.ctime = now
         s.put(n)
-        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), device: device)
+        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), writer: writerID)
         s.add(.setMeta(key: record.key, value: record.value))
         // A deleted conflict copy resolves its conflict (its content stays in the file's history).
         for conflict in s.base.conflicts.values where conflict.copy == n.ino { s.add(.deleteMeta(key: conflict.key)) }

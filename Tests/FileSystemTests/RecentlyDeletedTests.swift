@@ -158,6 +158,46 @@ final class RecentlyDeletedTests: XCTestCase {
         assertBytes(try fs.contents("SugoiApp/shared.txt"), b("both"))
     }
 
+    /// Deleted on one device while the other edits it: the edit survives as the file.
+    func testAnEditBringsBackWhatAnotherDeviceDeletedMeanwhile() throws {
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+        let f = try fs.makeFile(docs, "Report.txt", b("draft"))
+        try two.catchUp()
+        let h = try two.open(f, flags: O_RDWR)
+        try two.put(h, b("DRAFT, edited on B"), at: 0)
+        try fs.unlink(parent: docs, name: b("Report.txt"))   // A deletes it meanwhile
+        try two.catchUp()
+        try two.release(handle: h)
+        assertBytes(try two.contents("SugoiApp/Report.txt"), b("DRAFT, edited on B"))
+        XCTAssertEqual(two.trashItems(), [])
+        try fs.catchUp()
+        assertBytes(try fs.contents("SugoiApp/Report.txt"), b("DRAFT, edited on B"), "back on A too")
+        // Its own delete of a file it has open is this writer's choice: it stays deleted.
+        let g = try fs.makeFile(docs, "scratch", b("x"))
+        let hg = try fs.open(g, flags: O_RDWR)
+        try fs.unlink(parent: docs, name: b("scratch"))
+        try fs.put(hg, b("y"), at: 1)
+        try fs.release(handle: hg)
+        XCTAssertEqual(fs.trashItems().map(\.ino), [g])
+    }
+
+    /// Renamed on one device while the other edits it: the edit lands in the renamed file.
+    func testAnEditLandsInTheFileAnotherDeviceRenamed() throws {
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+        let f = try fs.makeFile(docs, "Report.txt", b("draft"))
+        let archive = try fs.mkdir(parent: docs, name: b("Archive"), mode: 0o755, caller: owner).ino
+        try two.catchUp()
+        let h = try two.open(f, flags: O_RDWR)
+        try two.put(h, b("edited"), at: 0)
+        try fs.rename(parent: docs, name: b("Report.txt"), newParent: archive, newName: b("Final.txt"), flags: [])
+        try two.catchUp()
+        try two.release(handle: h)
+        try fs.catchUp()
+        assertBytes(try fs.contents("SugoiApp/Archive/Final.txt"), b("edited"))
+        XCTAssertEqual(try fs.names(docs), ["Archive"])
+        XCTAssertEqual(fs.unresolvedConflicts(), [])
+    }
+
     /// A second name of a file just goes; only the last one moves the file.
     func testOnlyTheLastNameMovesTheFile() throws {
         let f = try fs.makeFile(docs, "a", b("x"))
