@@ -723,6 +723,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
             if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
+            if Self.statusAttributes.contains(name) {
+                // Computed, not stored. Setting the value it has is allowed, so a `cp -a` or
+                // `rsync -X` between two mounts does not fail on it.
+                if (try? getxattr(ino, name: name)) == value { return }
+                throw FSError(EPERM, "\(String(decoding: name, as: UTF8.self)) is read-only: UbiquityFS computes it")
+            }
             try mutate { s in
                 guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
                 let exists = state.xattrs[n.ino]?[name] != nil
@@ -739,6 +745,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try typed {
             if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
             if ino == Self.rootID && name == Self.storeAttribute && !storeLocation.isEmpty { return Array(storeLocation.utf8) }
+            if Self.statusAttributes.contains(name) {
+                guard case .node(let n) = try ns.read({ try target(ino) }), let v = try statusAttribute(name, of: n) else {
+                    throw FSError(ENODATA, "no such attribute")
+                }
+                return Array(v.utf8)
+            }
             return try ns.read {
                 guard case .node(let n) = try target(ino), let v = state.xattrs[n.ino]?[name] else {
                     throw FSError(ENODATA, "no such attribute")
@@ -752,7 +764,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try typed {
             try ns.read {
                 guard case .node(let n) = try target(ino) else { return [] }
-                return (state.xattrs[n.ino] ?? [:]).keys.sorted { $0.lexicographicallyPrecedes($1) }
+                let computed = n.kind == .regular ? Self.statusAttributes : [Self.containerAttribute]
+                return computed + (state.xattrs[n.ino] ?? [:]).keys.filter { !Self.statusAttributes.contains($0) }
+                    .sorted { $0.lexicographicallyPrecedes($1) }
             }
         }
     }
@@ -762,6 +776,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             try mutate { s in
                 guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
                 guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine() }
+                if Self.statusAttributes.contains(name) { throw FSError(EPERM, "UbiquityFS computes \(String(decoding: name, as: UTF8.self))") }
                 guard state.xattrs[n.ino]?[name] != nil else { throw FSError(ENODATA, "no such attribute") }
                 s.add(.deleteXattr(ino: n.ino, name: name))
                 n.ctime = nowNanoseconds()

@@ -149,6 +149,29 @@ extension UbiquityFileSystem {
         }
     }
 
+    static let statusNameAttribute = Array("user.ubiquity.status".utf8)
+    static let versionAttribute = Array("user.ubiquity.version".utf8)
+    static let containerAttribute = Array("user.ubiquity.container".utf8)
+    /// Read-only attributes on every item, computed from the store: what `getfattr -d` shows of
+    /// an item's state. (Folders have only the container.)
+    static let statusAttributes = [containerAttribute, statusNameAttribute, versionAttribute]
+
+    /// The value of status attribute `name` for `n`, or nil if it has none.
+    func statusAttribute(_ name: [UInt8], of n: NodeRecord) throws -> String? {
+        if name == Self.containerAttribute { return n.container }
+        guard n.kind == .regular else { return nil }
+        if name == Self.versionAttribute { return n.currentVersion.map(String.init) ?? "none" }
+        // current, or what needs the user: unsaved changes here, an unresolved conflict (the
+        // file's or, for a conflict copy, its own), or a version recovered after a crash that is
+        // newer than the current one.
+        if docsLock.withLock({ docs[n.ino]?.hasUnpublishedChanges ?? false }) { return "pending" }
+        if ns.read({ state.conflicts.values.contains { $0.file == n.ino || $0.copy == n.ino } }) { return "conflict" }
+        let versions: [VersionRecord]
+        do { versions = try store.metadata.versions(of: n.ino) } catch { throw FSError(error) }
+        if let newest = versions.last, newest.origin == .recovered, newest.id > (n.currentVersion ?? 0) { return "recovered" }
+        return "current"
+    }
+
     /// Unresolved conflicts, oldest first.
     public func unresolvedConflicts() -> [Conflict] {
         ns.read { state.conflicts.values.sorted { $0.version < $1.version } }

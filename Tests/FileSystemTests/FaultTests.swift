@@ -68,13 +68,13 @@ final class FaultTests: XCTestCase {
 
         XCTAssertEqual(try tree(fs), before, "nothing changed in memory")
         XCTAssertEqual(try fs.getattr(docs).mtime, mtimeBefore)
-        XCTAssertEqual(try fs.listxattr(f), [b("user.a")])
+        XCTAssertEqual(try fs.storedXattrs(f), [b("user.a")])
         assertBytes(try fs.contents(f), b("content"))
 
         plan.clearAll()
         let reopened = try UbiquityFileSystem(store: base, containers: Sample.all, view: .drive)
         XCTAssertEqual(try tree(reopened), before, "nothing changed in the store")
-        XCTAssertEqual(try reopened.listxattr(f), [b("user.a")])
+        XCTAssertEqual(try reopened.storedXattrs(f), [b("user.a")])
 
         // The same filesystem carries on normally once the disk has room again.
         let created = try fs.mkdir(parent: docs, name: b("new"), mode: 0o755, caller: owner).ino

@@ -231,6 +231,43 @@ final class HistoryTests: XCTestCase {
         XCTAssertEqual(try store.metadata.versions(of: f).count, 2, "nothing more to publish")
     }
 
+    /// `user.ubiquity.status`, `.version` and `.container`: read-only, computed, listed.
+    func testStatusAttributes() throws {
+        func attr(_ fs: UbiquityFileSystem, _ ino: UInt64, _ name: String) throws -> String {
+            String(decoding: try fs.getxattr(ino, name: b("user.ubiquity." + name)), as: UTF8.self)
+        }
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        XCTAssertEqual(try one.listxattr(f).prefix(3).map { String(decoding: $0, as: UTF8.self) },
+                       ["user.ubiquity.container", "user.ubiquity.status", "user.ubiquity.version"])
+        XCTAssertEqual(try one.listxattr(docs).map { String(decoding: $0, as: UTF8.self) }, ["user.ubiquity.container"])
+        XCTAssertEqual(try attr(one, f, "container"), Sample.sugoi.identifier)
+        XCTAssertEqual(try attr(one, f, "status"), "current")
+        let v1 = try attr(one, f, "version")
+        XCTAssertEqual(v1, String(try XCTUnwrap(try store.metadata.versions(of: f).last?.id)))
+        assertErrno(ENODATA, try one.getxattr(docs, name: b("user.ubiquity.status")), "folders have no status")
+        let h = try one.open(f, flags: O_RDWR)
+        try one.put(h, b("v2"), at: 0)
+        XCTAssertEqual(try attr(one, f, "status"), "pending")
+        try one.release(handle: h)
+        XCTAssertEqual(try attr(one, f, "status"), "current")
+        XCTAssertNotEqual(try attr(one, f, "version"), v1)
+        // cp -a between mounts sets what it read: the same value is accepted, another refused.
+        try one.setxattr(f, name: b("user.ubiquity.status"), value: b("current"), flags: 0)
+        assertErrno(EPERM, try one.setxattr(f, name: b("user.ubiquity.status"), value: b("conflict"), flags: 0))
+        assertErrno(EPERM, try one.removexattr(f, name: b("user.ubiquity.version")))
+        // A conflict shows on the file and on its copy.
+        try one.catchUp()
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v3 from a"))
+        try two.put(hb, b("v3 from b"), at: 0)
+        try two.release(handle: hb)
+        XCTAssertEqual(try attr(two, f, "status"), "conflict")
+        XCTAssertEqual(try attr(two, try two.ino("SugoiApp/" + XCTUnwrap(try copyName(two))), "status"), "conflict")
+        _ = try two.resolve(f, keep: .current)
+        XCTAssertEqual(try attr(two, f, "status"), "current")
+    }
+
     func testConflictCopyNames() {
         let when: Int64 = 1_800_000_000 * 1_000_000_000
         func name(_ n: String, taken: Set<String> = []) -> String {

@@ -330,6 +330,8 @@ final class PersistenceTests: XCTestCase {
         let recovered = try XCTUnwrap(versions.last)
         XCTAssertEqual(recovered.origin, .recovered)
         assertBytes(try bytes(of: recovered, in: store), b("NEW BYTESwhole version"))
+        XCTAssertEqual(try fs.getxattr(kept, name: b("user.ubiquity.status")), b("recovered"), "it needs the user's look")
+        XCTAssertEqual(try fs.recoveredVersions().map(\.ino), [kept, fresh, unlinked], "the deleted one is in Recently Deleted")
 
         XCTAssertEqual(try fs.getattr(fresh).size, 0, "a file never published is empty")
         let freshVersions = try store.metadata.versions(of: fresh)

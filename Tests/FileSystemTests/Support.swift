@@ -163,3 +163,10 @@ func assertBytes(_ got: @autoclosure () throws -> [UInt8], _ expected: [UInt8], 
 func writeBlob(_ blobs: any BlobStore, _ bytes: [UInt8]) throws -> ChunkRef {
     try bytes.withUnsafeBytes { try blobs.write($0, durable: false) }
 }
+
+extension UbiquityFileSystem {
+    /// The extended attributes set on `ino`, without the read-only status ones every item has.
+    func storedXattrs(_ ino: UInt64) throws -> [[UInt8]] {
+        try listxattr(ino).filter { !$0.starts(with: b("user.ubiquity.")) }
+    }
+}
