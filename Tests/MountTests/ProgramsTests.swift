@@ -77,6 +77,28 @@ final class ProgramsTests: MountTestCase {
         XCTAssertEqual(manifestOfTree(scratchDir + "/back"), manifestOfTree(source))
     }
 
+    /// `getfattr -d` shows an item's read-only status attributes, and `cp -a` into, within and
+    /// out of the mount still succeeds (it sets what it read; the same value is accepted).
+    func testStatusAttributesWithGetfattrAndCp() throws {
+        try mount()
+        let f = dir + "/a.txt"
+        XCTAssertEqual(Posix.writeFile(f, "hi\n"), 0)
+        let dump = assertShell("getfattr -d --absolute-names \(shellQuote(f))").stdout
+        XCTAssertTrue(dump.contains("user.ubiquity.container=\"iCloud.com.example.SugoiApp\""), dump)
+        XCTAssertTrue(dump.contains("user.ubiquity.status=\"current\""), dump)
+        XCTAssertNotNil(dump.range(of: #"user\.ubiquity\.version="\d+""#, options: .regularExpression), dump)
+        assertShell("setfattr -n user.tag -v blue \(shellQuote(f))")
+        assertShell("cp -a \(shellQuote(f)) \(shellQuote(dir + "/b.txt")) && cp -a \(shellQuote(f)) \(shellQuote(scratchDir + "/a.txt")) "
+                    + "&& cp -a \(shellQuote(scratchDir + "/a.txt")) \(shellQuote(dir + "/c.txt"))")
+        for copy in ["b.txt", "c.txt"] {
+            XCTAssertEqual(try Posix.getxattr(dir + "/" + copy, "user.tag").get(), "blue", copy)
+            XCTAssertEqual(Posix.readText(dir + "/" + copy), "hi\n", copy)
+        }
+        let refused = sh("setfattr -n user.ubiquity.status -v conflict \(shellQuote(f))")
+        XCTAssertFalse(refused.succeeded, "read-only: \(refused)")
+        XCTAssertTrue(refused.stderr.contains("Operation not permitted"), refused.stderr)
+    }
+
     func testTarRoundTrip() throws {
         try mount()
         let source = scratchDir + "/tree"
