@@ -32,9 +32,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     let ownerGID = getgid()
     /// Publish files held open after this long without a change.
     public var idlePublishNanoseconds: UInt64 = 2_000_000_000
-    /// Published versions kept per file (the newest ones; recovered versions are never pruned).
-    /// Pruning runs when a file has half as many again, so it costs one listing per many publishes.
-    public var versionsToKeep = 64
+    /// Which old versions go (see `RetentionPolicy`).
+    public var retention = RetentionPolicy()
+    /// Versions kept per file at most. Pruning runs when a file has half as many again (and at
+    /// each collection), so it costs one listing per many publishes.
+    public var versionsToKeep: Int {
+        get { retention.maxPerFile }
+        set { retention.maxPerFile = newValue }
+    }
     /// Publish when the last writer closes (flush), not at the release after it. Off only in
     /// tests, to stand for a daemon killed between the two.
     var publishesOnClose = true

@@ -72,8 +72,8 @@ extension UbiquityFileSystem {
         }
     }
 
-    /// Count the version being added to `ino`; past the retention limit (plus slack), stage the
-    /// deletion of the oldest published versions and note the blobs only they used.
+    /// Count the version being added to `ino`; past the per-file limit (plus slack), stage the
+    /// deletion of the versions the retention policy lets go, and note the blobs only they used.
     /// Caller holds commits (inside `mutate`).
     func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
         let keep = max(versionsToKeep, 2)
@@ -83,24 +83,81 @@ extension UbiquityFileSystem {
         }
         s.versionCounts[ino] = count
         guard count > keep + keep / 2 else { return }
+        // The version being added is the newest and stays: one fewer place for the others.
+        var policy = retention
+        policy.maxPerFile = keep - 1
+        let removed = try stagePrune(&s, ino: ino, policy: policy, alsoUsed: Set(chunks.map(\.blob)))
+        s.versionCounts[ino] = count - removed
+    }
+
+    /// Stage the deletion of `ino`'s versions that `policy` (or `extra`) lets go, keeping its
+    /// current version, unresolved conflicts and what a file the kernel still shows; note the
+    /// blobs no remaining version uses (`alsoUsed`: a version being added, what an open document
+    /// reads). Returns how many went. Caller holds commits (inside `mutate`), so no document
+    /// lock: lock order is document, then commits.
+    @discardableResult
+    func stagePrune(_ s: inout Staging, ino: InodeNumber, policy: RetentionPolicy, extra: Set<VersionID> = [],
+                    alsoUsed: Set<BlobID> = []) throws -> Int {
         let all: [VersionRecord]
         do { all = try store.metadata.versions(of: ino) } catch { throw FSError(error) }
         // A file replaced by rename that the kernel still refers to keeps showing its current
-        // version, which moved to this file's history: never prune one of those.
-        let shown = Set(state.nodes.values.lazy.filter { $0.nlink == 0 }.compactMap(\.currentVersion))
-        let published = all.filter {
-            $0.origin == .published && $0.id != state.nodes[ino]?.currentVersion && !shown.contains($0.id)
-        }
-        let excess = count - keep
-        let doomed = published.prefix(excess)
-        let doomedIDs = Set(doomed.map(\.id))
-        var stillUsed = Set(chunks.map(\.blob))
-        for v in all where !doomedIDs.contains(v.id) { stillUsed.formUnion(v.chunks.map(\.blob)) }
-        for v in doomed {
+        // version, which moved to this file's history.
+        var keep = Set(state.nodes.values.lazy.filter { $0.nlink == 0 }.compactMap(\.currentVersion))
+        if let current = state.nodes[ino]?.currentVersion { keep.insert(current) }
+        for c in state.conflicts.values where c.file == ino { keep.insert(c.version) }
+        let doomed = policy.doomed(all, keep: keep, now: clock()).union(extra.subtracting(keep))
+        guard !doomed.isEmpty else { return 0 }
+        var stillUsed = alsoUsed
+        for v in all where !doomed.contains(v.id) { stillUsed.formUnion(v.chunks.map(\.blob)) }
+        var removed = 0
+        for v in all where doomed.contains(v.id) {
             s.add(.deleteVersion(v.id))
+            removed += 1
             for c in v.chunks where !c.isHole && !stillUsed.contains(c.blob) { s.prunedBlobs.insert(c.blob) }
         }
-        s.versionCounts[ino] = count - doomed.count
+        return removed
+    }
+
+    /// The retention policy over every file, with each container's space limit for old
+    /// versions (the oldest go first). One commit per file that loses versions. At start and
+    /// with each hourly collection.
+    func pruneAll() throws {
+        let all: [VersionRecord]
+        do { all = try store.metadata.allVersions() } catch { throw FSError(error) }
+        let now = clock()
+        var byFile: [InodeNumber: [VersionRecord]] = [:]
+        for v in all { byFile[v.ino, default: []].append(v) }
+        var doomed: [InodeNumber: Set<VersionID>] = [:]
+        var old: [String: [VersionRecord]] = [:]   // by container: versions that stay, not current
+        ns.read {
+            for (ino, versions) in byFile {
+                guard let n = state.nodes[ino] else { continue }
+                var keep: Set<VersionID> = n.currentVersion.map { [$0] } ?? []
+                for c in state.conflicts.values where c.file == ino { keep.insert(c.version) }
+                let d = retention.doomed(versions, keep: keep, now: now)
+                if !d.isEmpty { doomed[ino] = d }
+                old[n.container, default: []] += versions.filter { !keep.contains($0.id) && !d.contains($0.id) }
+            }
+        }
+        for (_, versions) in old {
+            var total = versions.reduce(UInt64(0)) { $0 + $1.size }
+            for v in versions.sorted(by: { ($0.created, $0.id) < ($1.created, $1.id) }) where total > retention.maxBytesPerContainer {
+                doomed[v.ino, default: []].insert(v.id)
+                total -= v.size
+            }
+        }
+        var removed = 0
+        for (ino, ids) in doomed {
+            // A document open here may be editing on an old version (its publish becomes a
+            // conflict that reuses those chunks). Its base only moves on to newer versions.
+            let reading = docsLock.withLock { docs[ino] }?.baseBlobs() ?? []
+            removed += try mutate { s -> Int in
+                let n = try stagePrune(&s, ino: ino, policy: retention, extra: ids, alsoUsed: reading)
+                if n > 0 { s.versionCounts[ino] = nil }
+                return n
+            }
+        }
+        if removed > 0 { log("retention: \(removed) old versions deleted") }
     }
 
     /// Publish files held open that have not changed for the idle time. The daemon calls this

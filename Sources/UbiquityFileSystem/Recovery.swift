@@ -23,6 +23,7 @@ extension UbiquityFileSystem {
     /// here a moment ago. Runs at start-up and every hour.
     func collectGarbage() throws {
         expireTrash()
+        do { try pruneAll() } catch { log("retention: pruning old versions failed: \(error)") }
         do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {
             log("trimming the store's change log failed: \(error)")
         }

@@ -296,6 +296,8 @@ public protocol MetadataStore: AnyObject, Sendable {
     func version(_ id: VersionID) throws(StoreError) -> VersionRecord?
     /// Every version of that origin, by id (`ubiquityfs status`: recovered versions).
     func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord]
+    /// Every version of every file, by id (retention's pass over the whole store).
+    func allVersions() throws(StoreError) -> [VersionRecord]
     /// Free-space figures of the store's disk, for statfs.
     func capacity() -> StoreCapacity
     /// Every blob any version refers to (for garbage collection).

@@ -195,6 +195,11 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
         return try wrapped.versions(of: ino)
     }
 
+    public func allVersions() throws(StoreError) -> [VersionRecord] {
+        try plan.check(.versions)
+        return try wrapped.allVersions()
+    }
+
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         try plan.check(.versions)
         return try wrapped.versions(withOrigin: origin)

@@ -202,6 +202,10 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         mutex.withLock { state.versions.values.filter { $0.ino == ino }.sorted { $0.id < $1.id } }
     }
 
+    public func allVersions() throws(StoreError) -> [VersionRecord] {
+        mutex.withLock { state.versions.values.sorted { $0.id < $1.id } }
+    }
+
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         mutex.withLock { state.versions.values.filter { $0.origin == origin }.sorted { $0.id < $1.id } }
     }

@@ -753,6 +753,15 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    public func allVersions() throws(StoreError) -> [VersionRecord] {
+        try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
+            var result: [VersionRecord] = []
+            try run("SELECT \(Self.versionColumns) FROM versions ORDER BY id",
+                    row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
+            return result
+        }
+    }
+
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []

@@ -1,0 +1,86 @@
+// Which old versions go: every version for a day, then the newest of each hour for a week, the
+// newest of each day for 30 days, at most `maxPerFile` per file, and at most `maxBytesPerContainer`
+// of old versions per container (the oldest go first). The current version and unresolved
+// conflicts always stay; a version recovered after a crash is never thinned, only expired.
+// A pure value, so the rules are tested over simulated days; the model applies it when a
+// file's count grows (`prune`) and to every file at each collection (`pruneAll`).
+
+import Foundation
+import UbiquityStore
+
+public struct RetentionPolicy: Sendable, Equatable {
+    public static let hour: Int64 = 3_600 * 1_000_000_000
+    public static let day: Int64 = 24 * hour
+
+    /// Every version younger than this stays.
+    public var allFor: Int64 = day
+    /// Then the newest version of each hour, until this age.
+    public var hourlyFor: Int64 = 7 * day
+    /// Then the newest of each day, until this age; older ones go.
+    public var dailyFor: Int64 = 30 * day
+    /// Versions kept per file at most (the newest), whatever their age.
+    public var maxPerFile = 1_000
+    /// Bytes of old (not current) versions kept per container, counted by their sizes.
+    public var maxBytesPerContainer: UInt64 = 4 << 30
+
+    public init() {}
+
+    /// The versions of one file (`versions`, any order) that go at time `now`. `keep`: versions
+    /// that stay whatever their age (the current one, unresolved conflicts).
+    public func doomed(_ versions: [VersionRecord], keep: Set<VersionID>, now: Int64) -> Set<VersionID> {
+        var doomed: Set<VersionID> = []
+        var buckets: Set<Int64> = []
+        var kept = 0
+        for v in versions.sorted(by: { ($0.created, $0.id) > ($1.created, $1.id) }) {
+            if keep.contains(v.id) { kept += 1; continue }
+            let age = now - v.created
+            var goes: Bool
+            if age < allFor {
+                goes = false
+            } else if age >= dailyFor {
+                goes = true
+            } else if v.origin == .recovered {
+                goes = false
+            } else {
+                // Hour buckets are positive, day buckets negative: one set for both.
+                let bucket = age < hourlyFor ? v.created / Self.hour + 1 : -(v.created / Self.day) - 1
+                goes = !buckets.insert(bucket).inserted
+            }
+            if !goes && kept >= maxPerFile { goes = true }
+            if goes { doomed.insert(v.id) } else { kept += 1 }
+        }
+        return doomed
+    }
+
+    /// Parse `all=1d,hourly=7d,daily=30d,space=4G` (any subset; units s, m, h, d for times and
+    /// K, M, G, T for bytes), over the defaults.
+    public static func parse(_ text: String) -> RetentionPolicy? {
+        var p = RetentionPolicy()
+        for item in text.split(separator: ",") {
+            let kv = item.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
+            guard kv.count == 2 else { return nil }
+            switch kv[0] {
+            case "all": guard let t = duration(kv[1]) else { return nil }; p.allFor = t
+            case "hourly": guard let t = duration(kv[1]) else { return nil }; p.hourlyFor = t
+            case "daily": guard let t = duration(kv[1]) else { return nil }; p.dailyFor = t
+            case "space": guard let b = bytes(kv[1]) else { return nil }; p.maxBytesPerContainer = b
+            default: return nil
+            }
+        }
+        guard p.allFor <= p.hourlyFor, p.hourlyFor <= p.dailyFor else { return nil }
+        return p
+    }
+
+    private static func duration(_ s: String) -> Int64? {
+        let units: [Character: Int64] = ["s": 1_000_000_000, "m": 60_000_000_000, "h": hour, "d": day]
+        guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0 else { return nil }
+        return Int64(n * Double(u))
+    }
+
+    private static func bytes(_ s: String) -> UInt64? {
+        let units: [Character: Double] = ["K": 1_024, "M": 1_048_576, "G": 1_073_741_824, "T": 1_099_511_627_776]
+        if let n = UInt64(s) { return n }
+        guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0 else { return nil }
+        return UInt64(n * u)
+    }
+}
