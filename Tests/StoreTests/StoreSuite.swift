@@ -281,6 +281,12 @@ enum StoreSuite {
         XCTAssertEqual(try m.versions(of: 3), [])
         XCTAssertEqual(try m.version(20), Sample.version(20, ino: 1))
         XCTAssertNil(try m.version(99))
+        XCTAssertEqual(try m.allVersions().map(\.id), [4, 10, 20, 30, 31])
+        try m.commit([.putVersion(Sample.version(40, ino: 2, origin: .recovered)),
+                      .putVersion(Sample.version(41, ino: 1, origin: .restored))], durable: false)
+        XCTAssertEqual(try m.versions(withOrigin: .recovered), [Sample.version(40, ino: 2, origin: .recovered)])
+        XCTAssertEqual(try m.versions(withOrigin: .restored).map(\.id), [41])
+        XCTAssertEqual(try m.versions(withOrigin: .published).map(\.id), [4, 10, 20, 30, 31])
         // Only current versions are in the snapshot.
         try m.commit([.putNode(Sample.node(1, version: 20))], durable: false)
         XCTAssertEqual(try m.load().currentVersions, [Sample.version(20, ino: 1)])
