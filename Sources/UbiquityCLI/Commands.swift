@@ -41,7 +41,7 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--keep-versions N] [--cache-seconds S] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
@@ -49,7 +49,9 @@ let mountCommand = Subcommand(
         ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
         ("--foreground", "stay in the foreground and log to stderr too"),
         ("--apply-manifest-changes", "apply container settings edited without raising CFBundleVersion"),
-        ("--keep-versions=", "published versions kept per file, newest first (default 64, at least 2)"),
+        ("--keep-versions=", "versions kept per file at most, newest first (default 1000, at least 2)"),
+        ("--retention=", "old versions kept: all=1d,hourly=7d,daily=30d,space=4G (any of them)"),
+        ("--keep-deleted-days=", "days an item stays in Recently Deleted (default 30)"),
         ("--cache-seconds=", "how long the kernel caches names and attributes (default 10, 0 to 3600)"),
         ("--ready-fd=", "(internal) descriptor to report readiness on"),
     ],
@@ -65,6 +67,12 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let keep = p.value("--keep-versions"), (Int(keep) ?? 0) < 2 {
         throw UsageError(message: "--keep-versions needs a number of at least 2")
+    }
+    if let spec = p.value("--retention"), RetentionPolicy.parse(spec) == nil {
+        throw UsageError(message: "--retention takes all=TIME,hourly=TIME,daily=TIME,space=BYTES (e.g. all=1d,hourly=7d,daily=30d,space=4G), each at least as long as the one before")
+    }
+    if let days = p.value("--keep-deleted-days"), (Int(days) ?? -1) < 0 {
+        throw UsageError(message: "--keep-deleted-days needs a whole number of days (0 empties Recently Deleted at each collection)")
     }
     if let seconds = p.value("--cache-seconds"), !(Double(seconds).map { $0 >= 0 && $0 <= 3600 } ?? false) {
         throw UsageError(message: "--cache-seconds needs a number of seconds from 0 to 3600")
@@ -185,7 +193,21 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         report("ubiquityfs mount: cannot open the filesystem: \(error)")
         return ExitCode.failure
     }
-    if let keep = p.value("--keep-versions").flatMap({ Int($0) }) { fs.versionsToKeep = keep }
+    // Retention is the store's setting: options given here change it for every daemon on it.
+    var policy = fs.retention
+    if let spec = p.value("--retention"), let parsed = RetentionPolicy.parse(spec, over: policy) { policy = parsed }
+    if let keep = p.value("--keep-versions").flatMap({ Int($0) }) { policy.maxPerFile = keep }
+    if let days = p.value("--keep-deleted-days").flatMap({ Int64($0) }) { policy.deletedFor = days * RetentionPolicy.day }
+    if policy != fs.retention {
+        do {
+            try fs.setRetention(policy)
+            log("retention set for the store: \(policy.spec)")
+        } catch {
+            report("ubiquityfs mount: cannot store the retention settings: \(error)")
+            _ = fs.stop()
+            return ExitCode.failure
+        }
+    }
     fs.storeLocation = storeDir
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
     let session: FuseSession

@@ -32,8 +32,25 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     let ownerGID = getgid()
     /// Publish files held open after this long without a change.
     public var idlePublishNanoseconds: UInt64 = 2_000_000_000
-    /// Which old versions go (see `RetentionPolicy`).
-    public var retention = RetentionPolicy()
+    /// Which old versions go and how long Recently Deleted keeps items (see `RetentionPolicy`):
+    /// the store's setting, the defaults until one is set. Setting it commits it for every
+    /// writer on the store.
+    public var retention: RetentionPolicy {
+        get { ns.read { state.meta[Self.retentionKey] }.flatMap { RetentionPolicy.parse($0) } ?? RetentionPolicy() }
+        set {
+            do { try setRetention(newValue) } catch { log("storing the retention settings failed: \(error)") }
+        }
+    }
+    static let retentionKey = "settings.retention"
+
+    public func setRetention(_ policy: RetentionPolicy) throws(FSError) {
+        try typed {
+            try mutate { s in
+                if s.base.meta[Self.retentionKey] != policy.spec { s.add(.setMeta(key: Self.retentionKey, value: policy.spec)) }
+            }
+        }
+    }
+
     /// Versions kept per file at most. Pruning runs when a file has half as many again (and at
     /// each collection), so it costs one listing per many publishes.
     public var versionsToKeep: Int {
@@ -43,8 +60,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Publish when the last writer closes (flush), not at the release after it. Off only in
     /// tests, to stand for a daemon killed between the two.
     var publishesOnClose = true
-    /// Days an item stays in Recently Deleted before it is deleted for good.
-    public var recentlyDeletedDays = 30
     /// Wall-clock time (ns) for Recently Deleted's dates and expiry; tests move it on.
     public var clock: @Sendable () -> Int64 = { nowNanoseconds() }
 

@@ -76,7 +76,7 @@ extension UbiquityFileSystem {
     /// deletion of the versions the retention policy lets go, and note the blobs only they used.
     /// Caller holds commits (inside `mutate`).
     func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
-        let keep = max(versionsToKeep, 2)
+        let keep = max(state.meta[Self.retentionKey].flatMap { RetentionPolicy.parse($0) }?.maxPerFile ?? RetentionPolicy().maxPerFile, 2)
         let count: Int
         if let known = versionCounts[ino] { count = known + 1 } else {
             do { count = try store.metadata.versions(of: ino).count + 1 } catch { throw FSError(error) }
@@ -84,7 +84,8 @@ extension UbiquityFileSystem {
         s.versionCounts[ino] = count
         guard count > keep + keep / 2 else { return }
         // The version being added is the newest and stays: one fewer place for the others.
-        var policy = retention
+        // (Read from `state`: this runs under commits, inside a staging.)
+        var policy = state.meta[Self.retentionKey].flatMap { RetentionPolicy.parse($0) } ?? RetentionPolicy()
         policy.maxPerFile = keep - 1
         let removed = try stagePrune(&s, ino: ino, policy: policy, alsoUsed: Set(chunks.map(\.blob)))
         s.versionCounts[ino] = count - removed
@@ -125,6 +126,7 @@ extension UbiquityFileSystem {
         let all: [VersionRecord]
         do { all = try store.metadata.allVersions() } catch { throw FSError(error) }
         let now = clock()
+        let retention = self.retention
         var byFile: [InodeNumber: [VersionRecord]] = [:]
         for v in all { byFile[v.ino, default: []].append(v) }
         var doomed: [InodeNumber: Set<VersionID>] = [:]

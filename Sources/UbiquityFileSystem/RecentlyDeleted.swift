@@ -1,6 +1,6 @@
 // Recently Deleted: what a user deletes from a container's Documents (unlink of a file's last
 // name, rmdir) moves, in the same one commit, into a folder of the container's own that no view
-// shows, with its versions, for 30 days (`recentlyDeletedDays`); `ubiquityfs trash` lists,
+// shows, with its versions, for 30 days (`RetentionPolicy.deletedFor`); `ubiquityfs trash` lists,
 // restores and empties it. So a delete stays a metadata change (`rm -rf` moves names, copies
 // nothing) and is undone as one. An app's private data outside Documents is deleted for real,
 // as on iCloud.
@@ -227,12 +227,12 @@ extension UbiquityFileSystem {
         }
     }
 
-    /// Items older than `recentlyDeletedDays` go for good (at start and every hour).
+    /// Items older than the retention's `deletedFor` go for good (at start and every hour).
     func expireTrash() {
-        let cutoff = clock() - Int64(recentlyDeletedDays) * 86_400 * 1_000_000_000
+        let keep = retention.deletedFor
         do {
-            let n = try emptyTrash(deletedBefore: cutoff)
-            if n > 0 { log("Recently Deleted: \(n) items older than \(recentlyDeletedDays) days deleted for good") }
+            let n = try emptyTrash(deletedBefore: clock() - keep)
+            if n > 0 { log("Recently Deleted: \(n) items older than \(Double(keep) / Double(RetentionPolicy.day)) days deleted for good") }
         } catch { log("Recently Deleted: expiring old items failed: \(error)") }
     }
 }

@@ -2,8 +2,10 @@
 // newest of each day for 30 days, at most `maxPerFile` per file, and at most `maxBytesPerContainer`
 // of old versions per container (the oldest go first). The current version and unresolved
 // conflicts always stay; a version recovered after a crash is never thinned, only expired.
-// A pure value, so the rules are tested over simulated days; the model applies it when a
-// file's count grows (`prune`) and to every file at each collection (`pruneAll`).
+// Also how long Recently Deleted keeps items. A pure value, so the rules are tested over
+// simulated days; the model applies it when a file's count grows (`prune`) and to every file at
+// each collection (`pruneAll`). It is the store's setting, in its `meta` table, so every daemon
+// and command on the store prunes alike.
 
 import Foundation
 import UbiquityStore
@@ -22,8 +24,16 @@ public struct RetentionPolicy: Sendable, Equatable {
     public var maxPerFile = 1_000
     /// Bytes of old (not current) versions kept per container, counted by their sizes.
     public var maxBytesPerContainer: UInt64 = 4 << 30
+    /// How long Recently Deleted keeps an item.
+    public var deletedFor: Int64 = 30 * day
 
     public init() {}
+
+    /// The `parse` form of every setting, exact (seconds and bytes).
+    public var spec: String {
+        "all=\(allFor / 1_000_000_000)s,hourly=\(hourlyFor / 1_000_000_000)s,daily=\(dailyFor / 1_000_000_000)s,"
+            + "space=\(maxBytesPerContainer),max=\(maxPerFile),deleted=\(deletedFor / 1_000_000_000)s"
+    }
 
     /// The versions of one file (`versions`, any order) that go at time `now`. `keep`: versions
     /// that stay whatever their age (the current one, unresolved conflicts).
@@ -52,10 +62,10 @@ public struct RetentionPolicy: Sendable, Equatable {
         return doomed
     }
 
-    /// Parse `all=1d,hourly=7d,daily=30d,space=4G` (any subset; units s, m, h, d for times and
-    /// K, M, G, T for bytes), over the defaults.
-    public static func parse(_ text: String) -> RetentionPolicy? {
-        var p = RetentionPolicy()
+    /// Parse `all=1d,hourly=7d,daily=30d,space=4G,max=1000,deleted=30d` (any subset; units s,
+    /// m, h, d for times and K, M, G, T for bytes) over `base`.
+    public static func parse(_ text: String, over base: RetentionPolicy = RetentionPolicy()) -> RetentionPolicy? {
+        var p = base
         for item in text.split(separator: ",") {
             let kv = item.split(separator: "=", maxSplits: 1).map { $0.trimmingCharacters(in: .whitespaces) }
             guard kv.count == 2 else { return nil }
@@ -64,6 +74,8 @@ public struct RetentionPolicy: Sendable, Equatable {
             case "hourly": guard let t = duration(kv[1]) else { return nil }; p.hourlyFor = t
             case "daily": guard let t = duration(kv[1]) else { return nil }; p.dailyFor = t
             case "space": guard let b = bytes(kv[1]) else { return nil }; p.maxBytesPerContainer = b
+            case "max": guard let n = Int(kv[1]), n >= 2 else { return nil }; p.maxPerFile = n
+            case "deleted": guard let t = duration(kv[1]) else { return nil }; p.deletedFor = t
             default: return nil
             }
         }

@@ -1,5 +1,5 @@
 // Recently Deleted: a delete in Documents is a move into the container's Recently Deleted, undone
-// by `restoreFromTrash`, emptied by `emptyTrash` or after `recentlyDeletedDays`; an app's private
+// by `restoreFromTrash`, emptied by `emptyTrash` or after the retention's `deletedFor`; an app's private
 // data outside Documents is deleted for real.
 
 import Foundation
@@ -109,7 +109,7 @@ final class RecentlyDeletedTests: XCTestCase {
         XCTAssertEqual(fs.trashItems().map(\.ino), [young], "31 days gone, 11 days kept")
         assertErrno(ENOENT, try fs.getattr(old))
         XCTAssertEqual(try store.metadata.versions(of: old), [])
-        fs.recentlyDeletedDays = 7
+        fs.retention.deletedFor = 7 * day
         try fs.collectGarbage()
         XCTAssertEqual(fs.trashItems(), [])
         XCTAssertEqual((store.blobs as! MemoryBlobStore).blobIDs.count, 0, "their content is freed")

@@ -65,9 +65,27 @@ final class RetentionTests: XCTestCase {
         XCTAssertEqual(p?.maxBytesPerContainer, 512 << 20)
         XCTAssertEqual(RetentionPolicy.parse("space=1000")?.maxBytesPerContainer, 1000)
         XCTAssertEqual(RetentionPolicy.parse("daily=30d"), RetentionPolicy())
-        for bad in ["all=1x", "hourly", "weekly=2d", "all=8d", "space=-1G"] {
+        let custom = RetentionPolicy.parse("all=2h,max=50,deleted=90d")!
+        XCTAssertEqual(custom.maxPerFile, 50)
+        XCTAssertEqual(custom.deletedFor, 90 * day)
+        XCTAssertEqual(RetentionPolicy.parse(custom.spec), custom, "spec round-trips")
+        XCTAssertEqual(RetentionPolicy.parse("space=1G", over: custom)?.maxPerFile, 50, "over the current settings")
+        for bad in ["all=1x", "hourly", "weekly=2d", "all=8d", "space=-1G", "max=1"] {
             XCTAssertNil(RetentionPolicy.parse(bad), bad)
         }
+    }
+
+    /// The settings are the store's: another writer prunes by them too.
+    func testTheSettingsAreTheStores() throws {
+        let store = makeMemoryStore()
+        let one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+        XCTAssertEqual(two.retention, RetentionPolicy())
+        one.versionsToKeep = 7
+        try two.catchUp()
+        XCTAssertEqual(two.retention.maxPerFile, 7)
+        let three = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive)
+        XCTAssertEqual(three.retention.maxPerFile, 7, "and every later one")
     }
 
     /// Over the model, with its clock moved on: the hourly collection thins old versions and
