@@ -75,6 +75,34 @@ final class RetentionTests: XCTestCase {
         }
     }
 
+    /// A stop between a pruning commit and the deletion of its chunks (here: every chunk deletion
+    /// fails, as if the daemon were killed right after the commit) leaves chunks nothing refers
+    /// to, never a version without its chunks; the next collection deletes them.
+    func testPruningAndEmptyingAreCrashSafe() throws {
+        let base = makeMemoryStore()
+        let plan = FaultPlan()
+        let fs = try UbiquityFileSystem(store: faultInjecting(base, plan: plan), containers: Sample.all, view: .drive)
+        let blobs = base.blobs as! MemoryBlobStore
+        let docs = try fs.ino("SugoiApp")
+        fs.versionsToKeep = 2
+        let f = try fs.makeFile(docs, "f", b("v0"))
+        plan.fail(.blobDelete, errno: EIO)
+        for i in 1...6 { try fs.writeFile(f, b("v\(i)")) }
+        let g = try fs.makeFile(docs, "g", b("gone"))
+        try fs.unlink(parent: docs, name: b("g"))
+        try fs.emptyTrash()
+        XCTAssertGreaterThan(plan.failureCount(.blobDelete), 0)
+        func referenced() throws -> Set<BlobID> { try base.metadata.referencedBlobs() }
+        XCTAssertTrue(try referenced().isSubset(of: Set(blobs.blobIDs)), "every version still has its chunks")
+        XCTAssertGreaterThan(Set(blobs.blobIDs).subtracting(try referenced()).count, 0, "garbage left behind")
+        plan.clearAll()
+        for id in blobs.blobIDs { blobs.backdate(id, by: 11 * 60 * 1_000_000_000) }
+        try fs.collectGarbage()
+        XCTAssertEqual(Set(blobs.blobIDs), try referenced(), "the next collection deleted exactly the garbage")
+        assertBytes(try fs.contents(f), b("v6"))
+        _ = g
+    }
+
     /// The settings are the store's: another writer prunes by them too.
     func testTheSettingsAreTheStores() throws {
         let store = makeMemoryStore()
