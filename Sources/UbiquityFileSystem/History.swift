@@ -13,7 +13,7 @@ import UbiquityStore
 /// so recording one takes no table of its own and reaches other writers through the change log.
 /// Copy 0 means the copy is still owed: it is made right after the commit that recorded the
 /// conflict, or at the next start if the daemon stopped in between.
-public struct Conflict: Sendable, Equatable {
+public struct Conflict: Sendable, Equatable, MetaRecord {
     public var version: VersionID
     public var file: InodeNumber
     /// The visible copy and its first version (nil while owed).
@@ -35,18 +35,31 @@ public struct Conflict: Sendable, Equatable {
         self.init(version: v, file: f[0], copy: f[1] == 0 ? nil : f[1], copyVersion: f[2] == 0 ? nil : VersionID(truncatingIfNeeded: f[2]))
     }
 
-    static func all(in meta: [String: String]) -> [VersionID: Conflict] {
-        var out: [VersionID: Conflict] = [:]
+    var id: VersionID { version }
+}
+
+/// A record kept in the store's `meta` table as `<prefix><id>` = value, of which the namespace
+/// keeps a table by id in step with the batches it applies.
+protocol MetaRecord {
+    associatedtype ID: Hashable & LosslessStringConvertible
+    static var prefix: String { get }
+    var id: ID { get }
+    init?(key: String, value: String)
+}
+
+extension MetaRecord {
+    static func all(in meta: [String: String]) -> [ID: Self] {
+        var out: [ID: Self] = [:]
         for (k, v) in meta where k.hasPrefix(prefix) {
-            if let c = Conflict(key: k, value: v) { out[c.version] = c }
+            if let r = Self(key: k, value: v) { out[r.id] = r }
         }
         return out
     }
 
-    /// Keep `conflicts` in step with one change of `meta`.
-    static func note(key: String, value: String?, in conflicts: inout [VersionID: Conflict]) {
-        guard key.hasPrefix(prefix), let v = VersionID(key.dropFirst(prefix.count)) else { return }
-        conflicts[v] = value.flatMap { Conflict(key: key, value: $0) }
+    /// Keep `table` in step with one change of `meta`.
+    static func note(key: String, value: String?, in table: inout [ID: Self]) {
+        guard key.hasPrefix(prefix), let id = ID(String(key.dropFirst(prefix.count))) else { return }
+        table[id] = value.flatMap { Self(key: key, value: $0) }
     }
 }
 

@@ -15,7 +15,7 @@ let recentlyDeletedName = Array(".ubiquityfs-recently-deleted".utf8)
 /// One item in Recently Deleted, recorded in the store's `meta` table as `deleted.<ino>` =
 /// `<folder it was in> <deletion time, ns> <name in hex> <writer>`, so it reaches other writers
 /// through the change log with the move that made it.
-public struct TrashRecord: Sendable, Equatable {
+public struct TrashRecord: Sendable, Equatable, MetaRecord {
     public var ino: InodeNumber
     /// The folder it was deleted from, and its name there.
     public var parent: InodeNumber
@@ -48,18 +48,7 @@ public struct TrashRecord: Sendable, Equatable {
         self.init(ino: ino, parent: parent, name: name, deleted: deleted, writer: f.count > 3 ? String(f[3]) : "")
     }
 
-    static func all(in meta: [String: String]) -> [InodeNumber: TrashRecord] {
-        var out: [InodeNumber: TrashRecord] = [:]
-        for (k, v) in meta where k.hasPrefix(prefix) {
-            if let r = TrashRecord(key: k, value: v) { out[r.ino] = r }
-        }
-        return out
-    }
-
-    static func note(key: String, value: String?, in trashed: inout [InodeNumber: TrashRecord]) {
-        guard key.hasPrefix(prefix), let ino = InodeNumber(key.dropFirst(prefix.count)) else { return }
-        trashed[ino] = value.flatMap { TrashRecord(key: key, value: $0) }
-    }
+    var id: InodeNumber { ino }
 }
 
 /// An item of Recently Deleted as `ubiquityfs trash list` shows it.
