@@ -65,14 +65,14 @@ private func runMount(_ p: Parsed) throws -> Int32 {
         writeError("ubiquityfs mount: \(mountpoint) is not an existing folder; create it first (mkdir -p \(mountpoint))")
         return ExitCode.failure
     }
-    if let keep = p.value("--keep-versions"), (Int(keep) ?? 0) < 2 {
-        throw UsageError(message: "--keep-versions needs a number of at least 2")
+    if let keep = p.value("--keep-versions"), !(Int(keep).map { $0 >= 2 && $0 <= 1_000_000 } ?? false) {
+        throw UsageError(message: "--keep-versions needs a number from 2 to 1000000")
     }
     if let spec = p.value("--retention"), RetentionPolicy.parse(spec) == nil {
         throw UsageError(message: "--retention takes all=TIME,hourly=TIME,daily=TIME,space=BYTES (e.g. all=1d,hourly=7d,daily=30d,space=4G), each at least as long as the one before")
     }
-    if let days = p.value("--keep-deleted-days"), (Int(days) ?? -1) < 0 {
-        throw UsageError(message: "--keep-deleted-days needs a whole number of days (0 empties Recently Deleted at each collection)")
+    if let days = p.value("--keep-deleted-days"), !(Int(days).map { $0 >= 0 && $0 <= 36_500 } ?? false) {
+        throw UsageError(message: "--keep-deleted-days needs a whole number of days from 0 to 36500 (0 empties Recently Deleted at each collection)")
     }
     if let seconds = p.value("--cache-seconds"), !(Double(seconds).map { $0 >= 0 && $0 <= 3600 } ?? false) {
         throw UsageError(message: "--cache-seconds needs a number of seconds from 0 to 3600")
@@ -185,28 +185,19 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     } else {
         view = .drive
     }
-    let fs: UbiquityFileSystem
-    do {
-        fs = try UbiquityFileSystem(store: store, containers: result.registrations.map(\.info), view: view,
-                                    snapshot: snapshot, log: log)
-    } catch {
-        report("ubiquityfs mount: cannot open the filesystem: \(error)")
-        return ExitCode.failure
-    }
-    // Retention is the store's setting: options given here change it for every daemon on it.
-    var policy = fs.retention
+    // Retention is the store's setting: options given here change it for every daemon on it,
+    // before this start's own collection prunes by it.
+    var policy = UbiquityFileSystem.storedRetention(in: snapshot.meta)
     if let spec = p.value("--retention"), let parsed = RetentionPolicy.parse(spec, over: policy) { policy = parsed }
     if let keep = p.value("--keep-versions").flatMap({ Int($0) }) { policy.maxPerFile = keep }
     if let days = p.value("--keep-deleted-days").flatMap({ Int64($0) }) { policy.deletedFor = days * RetentionPolicy.day }
-    if policy != fs.retention {
-        do {
-            try fs.setRetention(policy)
-            log("retention set for the store: \(policy.spec)")
-        } catch {
-            report("ubiquityfs mount: cannot store the retention settings: \(error)")
-            _ = fs.stop()
-            return ExitCode.failure
-        }
+    let fs: UbiquityFileSystem
+    do {
+        fs = try UbiquityFileSystem(store: store, containers: result.registrations.map(\.info), view: view,
+                                    snapshot: snapshot, retention: policy, log: log)
+    } catch {
+        report("ubiquityfs mount: cannot open the filesystem: \(error)")
+        return ExitCode.failure
     }
     fs.storeLocation = storeDir
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }

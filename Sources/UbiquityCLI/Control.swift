@@ -96,7 +96,7 @@ enum ControlHandler {
             guard let ino else { throw FSError(EINVAL, "restore needs an item") }
             return ["restored \(try fs.restoreFromTrash(ino))"]
         case "empty":
-            let before = r.days.map { fs.clock() - Int64($0 * 86_400 * 1e9) }
+            let before = r.days.map { fs.clock() - Int64(min(max($0, 0), 36_500) * 86_400 * 1e9) }
             let n = try fs.emptyTrash(r.ino, deletedBefore: before, container: r.container)
             return ["deleted \(n) item\(n == 1 ? "" : "s") for good"]
         default:
@@ -162,7 +162,11 @@ final class ControlServer: @unchecked Sendable {
     func start() throws {
         let dir = (path as NSString).deletingLastPathComponent
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        _ = chmod(dir, 0o700)
+        // Ours, a real folder, private: else another user could stand in for this daemon.
+        var st = stat()
+        guard lstat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR, st.st_uid == getuid(), chmod(dir, 0o700) == 0 else {
+            throw FSError(EPERM, "\(dir) is not a private folder of uid \(getuid())")
+        }
         removeStaleSockets(in: dir)
         listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard listener >= 0 else { throw FSError(errno, "control socket") }
@@ -212,6 +216,8 @@ final class ControlServer: @unchecked Sendable {
         var len = socklen_t(MemoryLayout<PeerCredentials>.size)
         guard getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0, cred.uid == getuid() else {
             log("control: refused a request from uid \(cred.uid) (only uid \(getuid()) may use this daemon)")
+            let refusal = ControlReply(code: ExitCode.failure, err: ["ubiquityfs: this store's daemon serves only uid \(getuid())"])
+            if let encoded = try? JSONEncoder().encode(refusal) { _ = writeAll(conn, encoded) }
             return
         }
         var timeout = timeval(tv_sec: 5, tv_usec: 0)
@@ -280,11 +286,12 @@ private func readAll(_ fd: Int32, limit: Int) -> Data? {
     return nil
 }
 
+/// Send all of `data` on socket `fd`; a peer gone away is an error, never a SIGPIPE.
 private func writeAll(_ fd: Int32, _ data: Data) -> Bool {
     data.withUnsafeBytes { raw in
         var off = 0
         while off < raw.count {
-            let n = write(fd, raw.baseAddress! + off, raw.count - off)
+            let n = send(fd, raw.baseAddress! + off, raw.count - off, Int32(MSG_NOSIGNAL))
             if n < 0 && errno == EINTR { continue }
             if n <= 0 { return false }
             off += n
@@ -312,6 +319,10 @@ private func sendToDaemon(_ request: ControlRequest, storeDir: String) throws ->
         guard fd >= 0 else { continue }
         defer { close(fd) }
         guard withSocketAddress(dir + "/" + name, { connect(fd, $0, $1) }) == 0 else { continue }
+        // Only a daemon of this user: another could answer with anything.
+        var cred = PeerCredentials()
+        var len = socklen_t(MemoryLayout<PeerCredentials>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0, cred.uid == getuid() else { continue }
         guard writeAll(fd, try JSONEncoder().encode(request)) else { continue }
         shutdown(fd, Int32(SHUT_WR))
         guard let data = readAll(fd, limit: 64 << 20), !data.isEmpty else {
@@ -470,7 +481,7 @@ let trashCommand = Subcommand(
                 request.ino = id
             }
             if let days = p.value("--older-than") {
-                guard let d = Double(days), d >= 0 else { throw UsageError(message: "--older-than needs a number of days") }
+                guard let d = Double(days), d >= 0, d <= 36_500 else { throw UsageError(message: "--older-than needs a number of days from 0 to 36500") }
                 request.days = d
             }
             request.container = p.value("--container")

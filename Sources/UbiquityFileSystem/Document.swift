@@ -35,6 +35,9 @@ final class Document: @unchecked Sendable {
     private var finished = false
     /// Handles that changed the file since their last flush (close). Finished means none.
     private var unflushed: Set<UInt64> = []
+    /// Monotonic time of the last publish at a close (guarded by `closeLock`).
+    private var lastClosePublish: UInt64 = 0
+    private let closeLock = Lock()
 
     // Written under `lock` (write) and `statLock`; read under either.
     private let statLock = Lock()
@@ -195,8 +198,8 @@ final class Document: @unchecked Sendable {
 
     /// `handle` was closed (flush: each close(2), before it returns). Once no handle has
     /// changes it has not closed, the working copy is marked finished, so that if the daemon
-    /// dies before the publish (release comes after close(2) has returned), recovery makes it
-    /// the current version rather than a side version: "saved, closed, then the daemon died"
+    /// dies before the publish that follows, recovery makes it the current version rather than
+    /// a side version: "saved, closed, then the daemon died"
     /// must not show the old file. Under `lock`, so no write can slip between check and mark.
     /// Returns whether every writer has now closed the document with changes unpublished.
     @discardableResult
@@ -208,6 +211,19 @@ final class Document: @unchecked Sendable {
                 try work.setFinished(mtime: statLock.withLock { mtime })
                 finished = true
             }
+            return true
+        }
+    }
+
+    /// Whether a close may publish now: at most once per `gap` per file. A descriptor shared by
+    /// many processes (`make > build.log`: each child's exit is a close) would otherwise publish
+    /// a version at every one of them; the later closes leave it to the release or the idle
+    /// publish.
+    func claimClosePublish(gap: UInt64 = 1_000_000_000) -> Bool {
+        let now = monotonicNanoseconds()
+        return closeLock.withLock {
+            guard lastClosePublish == 0 || now &- lastClosePublish >= gap else { return false }
+            lastClosePublish = now
             return true
         }
     }

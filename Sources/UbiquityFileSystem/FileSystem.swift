@@ -36,12 +36,17 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// the store's setting, the defaults until one is set. Setting it commits it for every
     /// writer on the store.
     public var retention: RetentionPolicy {
-        get { ns.read { state.meta[Self.retentionKey] }.flatMap { RetentionPolicy.parse($0) } ?? RetentionPolicy() }
+        get { ns.read { Self.storedRetention(in: state.meta) } }
         set {
             do { try setRetention(newValue) } catch { log("storing the retention settings failed: \(error)") }
         }
     }
     static let retentionKey = "settings.retention"
+
+    /// The retention setting a store's `meta` holds (the defaults if none).
+    public static func storedRetention(in meta: [String: String]) -> RetentionPolicy {
+        meta[retentionKey].flatMap { RetentionPolicy.parse($0) } ?? RetentionPolicy()
+    }
 
     public func setRetention(_ policy: RetentionPolicy) throws(FSError) {
         try typed {
@@ -105,9 +110,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// Open the model over `store`, registering `containers` (creating the root and `Documents`
     /// of new ones) and recovering working copies a crashed daemon left behind.
+    /// `retention`: a new retention setting for the store, stored before the start-up's own
+    /// collection prunes by it.
     public init(store: BackingStore, containers: [ContainerInfo], view: View,
                 device: String = ProcessInfo.processInfo.hostName, snapshot: StoreSnapshot? = nil,
-                log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+                retention: RetentionPolicy? = nil, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
         self.store = store
         self.view = view
         self.device = device
@@ -124,9 +131,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         for repair in try store.durability.begin(writer: writerID, snapshot: loaded) { log(repair) }
         try commits.withLock { try catchUpLocked() }
         try register(containers)
+        if let retention, retention != self.retention {
+            try setRetention(retention)
+            log("retention set for the store: \(retention.spec)")
+        }
         try removeOrphans()
         try recoverWorkingCopies()
-        if !store.work.otherWritersAlive() { makeOwedConflictCopies() }
         try collectGarbage()
     }
 
@@ -744,10 +754,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
             if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
             if Self.statusAttributes.contains(name) {
-                // Computed, not stored. Setting the value it has is allowed, so a `cp -a` or
-                // `rsync -X` between two mounts does not fail on it.
-                if (try? getxattr(ino, name: name)) == value { return }
-                throw FSError(EPERM, "\(String(decoding: name, as: UTF8.self)) is read-only: UbiquityFS computes it")
+                // Computed, not stored: a write changes nothing and succeeds, so that `cp -a`,
+                // `cp --preserve=xattr` and `rsync -X` between mounts (whose versions and
+                // containers differ) do not fail on them.
+                _ = try getxattr(ino, name: name)   // ENODATA where the item has none
+                if flags & xattrCreate != 0 { throw FSError(EEXIST, "attribute exists") }
+                return
             }
             try mutate { s in
                 guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
@@ -796,7 +808,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             try mutate { s in
                 guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
                 guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine() }
-                if Self.statusAttributes.contains(name) { throw FSError(EPERM, "UbiquityFS computes \(String(decoding: name, as: UTF8.self))") }
+                // Computed: removing one changes nothing (`rsync -X` removes what its source lacks).
+                if Self.statusAttributes.contains(name) {
+                    guard try statusAttribute(name, of: n) != nil else { throw FSError(ENODATA, "no such attribute") }
+                    return
+                }
                 guard state.xattrs[n.ino]?[name] != nil else { throw FSError(ENODATA, "no such attribute") }
                 s.add(.deleteXattr(ino: n.ino, name: name))
                 n.ctime = nowNanoseconds()

@@ -12,7 +12,7 @@ import UbiquityStore
 /// Recorded in the store's `meta` table as `conflict.<version>` = `<file> <copy> <copy version>`,
 /// so recording one takes no table of its own and reaches other writers through the change log.
 /// Copy 0 means the copy is still owed: it is made right after the commit that recorded the
-/// conflict, or at the next start if the daemon stopped in between.
+/// conflict, or by the next start or hourly collection if that failed or the daemon stopped.
 public struct Conflict: Sendable, Equatable, MetaRecord {
     public var version: VersionID
     public var file: InodeNumber
@@ -116,7 +116,7 @@ extension UbiquityFileSystem {
         try typed {
             try commits.withLock { try catchUpLocked() }   // a command acts on the store as it is now
             let v = try fileVersion(ino, id)
-            if let name { return try publishCopy(of: v, beside: ino, name: name, origin: .restored) }
+            if let name { return try publishCopy(of: v, beside: ino, name: name, origin: .restored) ?? ino }
             try makeCurrent(v, of: ino)
             try syncPublished()
             return ino
@@ -143,16 +143,24 @@ extension UbiquityFileSystem {
                 for c in conflicts.sorted(by: { $0.version < $1.version }) {
                     s.add(.deleteMeta(key: c.key))
                     out.resolved.append(c.version)
-                    guard keep != .both, let copy = c.copy, var n = s.node(copy) else { continue }
-                    // A copy the user edited holds content the history does not: it stays.
-                    guard n.currentVersion == c.copyVersion else { out.keptCopies.append(copy); continue }
+                    guard keep != .both, let copy = c.copy, var n = s.node(copy), s.base.trashed[copy] == nil else { continue }
+                    // A copy the user edited (or is editing) holds content the history does not:
+                    // it stays.
+                    let editing = docsLock.withLock { docs[copy]?.hasUnpublishedChanges ?? false }
+                    guard n.currentVersion == c.copyVersion, !editing else { out.keptCopies.append(copy); continue }
+                    // Into Recently Deleted, like any delete (its content is in the file's history too).
                     for (parent, name) in s.base.names(of: copy) {
                         guard var p = s.node(parent) else { continue }
-                        s.add(.deleteDirent(parent: parent, name: name))
-                        dropLink(&s, &n, now: now)
+                        if try n.nlink > 1 || !stageTrash(&s, &n, from: p, name: name, now: now) {
+                            s.add(.deleteDirent(parent: parent, name: name))
+                            dropLink(&s, &n, now: now)
+                        }
                         p.mtime = now
                         p.ctime = now
                         s.put(p)
+                        // No kernel request made this change.
+                        pendingInvalidations.append(.entry(parent: parent, name: name))
+                        pendingInvalidations.append(.node(parent))
                     }
                     out.removedCopies.append(copy)
                 }
@@ -238,6 +246,10 @@ extension UbiquityFileSystem {
     private func makeCurrent(_ v: VersionRecord, of ino: InodeNumber) throws {
         let node = try mutate { s -> NodeRecord in
             guard var n = s.node(ino), n.nlink > 0 else { throw FSError(ENOENT, "the file is gone") }
+            // Read before commits was taken: pruning may have deleted it (and freed its chunks) since.
+            let still: VersionRecord?
+            do { still = try store.metadata.version(v.id) } catch { throw FSError(error) }
+            guard still != nil else { throw FSError(ENOENT, "version \(v.id) was pruned meanwhile") }
             let id = try s.newVersion()
             let now = nowNanoseconds()
             s.add(.putVersion(VersionRecord(id: id, ino: ino, created: now, size: v.size, chunks: v.chunks,
@@ -262,12 +274,13 @@ extension UbiquityFileSystem {
     /// A new file named `name` beside `ino` (in the folder of its first name) holding `v`'s
     /// content, copied: blobs belong to one file's history, so freeing them never has to look
     /// beyond that file. `conflict`: the copy is that conflict's (its record is completed in the
-    /// same commit), and is skipped if another writer made it first. Returns the new file.
+    /// same commit), and is skipped if another writer made it first. Returns the new file, nil
+    /// when skipped.
     @discardableResult
     func publishCopy(of v: VersionRecord, beside ino: InodeNumber, name: [UInt8]?, origin: VersionOrigin,
-                     conflict: Conflict? = nil) throws -> InodeNumber {
-        guard let (parent, fileName) = ns.read({ state.firstName(of: ino) }) else {
-            throw FSError(ENOENT, "the file has no name to put a copy beside")
+                     conflict: Conflict? = nil) throws -> InodeNumber? {
+        guard let (parent, fileName) = ns.read({ state.trashed[ino] == nil ? state.firstName(of: ino) : nil }) else {
+            throw FSError(ENOENT, "the file has no name to put a copy beside (deleted, or in Recently Deleted)")
         }
         if let name { try ViewPolicy.check(name: name) }
         let chunks = try copyContent(v.chunks)
@@ -310,15 +323,16 @@ extension UbiquityFileSystem {
             pendingInvalidations.append(.node(parent))
             return copy
         }
-        guard let made else { return ino }
+        guard let made else { return nil }
         committed = true
         try syncPublished()
         return made
     }
 
     /// Conflict copies owed (their daemon stopped between recording the conflict and making the
-    /// copy, or the file had no name then). At start, when no other daemon runs: one of them
-    /// may be making its own right now.
+    /// copy, or the copy failed, or the file had no name then): at start and with each hourly
+    /// collection. Another daemon making the same copy at once is safe: both commits change the
+    /// file's folder, so one of them is staged again, sees the copy made, and adds nothing.
     func makeOwedConflictCopies() {
         for c in ns.read({ state.conflicts.values.filter { $0.copy == nil } }) {
             makeConflictCopy(c)
@@ -332,7 +346,7 @@ extension UbiquityFileSystem {
             let v: VersionRecord?
             do { v = try store.metadata.version(c.version) } catch { throw FSError(error) }
             guard let v else { return }
-            let copy = try publishCopy(of: v, beside: c.file, name: nil, origin: .conflict, conflict: c)
+            guard let copy = try publishCopy(of: v, beside: c.file, name: nil, origin: .conflict, conflict: c) else { return }
             log("inode \(c.file): conflict version \(c.version) is shown beside it as \(displayPath(of: copy) ?? "inode \(copy)")")
         } catch {
             log("inode \(c.file): the copy of conflict version \(c.version) could not be made yet: \(error)")
@@ -376,7 +390,12 @@ extension UbiquityFileSystem {
         }
         guard !moved.isEmpty || !deleted.isEmpty else { return }
         for var c in s.base.conflicts.values {
-            if let copy = c.copy, deleted.contains(copy) {
+            if let copy = c.copy, let to = moved[copy] {
+                // An editor saved over the copy: the saved file is the copy now (an edited one,
+                // so never removed by `resolve`).
+                c.copy = to
+                s.add(.setMeta(key: c.key, value: c.value))
+            } else if let copy = c.copy, deleted.contains(copy) {
                 s.add(.deleteMeta(key: c.key))
             } else if let to = moved[c.file] {
                 c.file = to

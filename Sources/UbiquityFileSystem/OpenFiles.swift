@@ -1,6 +1,7 @@
 // Open files: handles, the open documents they share (one working copy per file, whatever the
-// number of handles), reads and writes through them, and what each close means (flush marks the
-// copy finished, the last release publishes it).
+// number of handles), reads and writes through them, and what each close means (the last
+// writer's flush marks the copy finished and publishes it; the last release publishes what is
+// left, and drops the document).
 
 import Foundation
 import UbiquityStore
@@ -86,10 +87,10 @@ extension UbiquityFileSystem {
         }
     }
 
-    /// Called on each close(2) of a descriptor, before close returns (the release that publishes
-    /// comes later). All handles share one working copy, so there is nothing to write; but once
-    /// no handle has changes it has not closed, the working copy is a finished document, and
-    /// recovery after a crash makes it current (see `Document.flushed`).
+    /// Called on each close(2) of a descriptor, before close returns (the release comes later).
+    /// All handles share one working copy, so there is nothing to hand over; but once no handle
+    /// has changes it has not closed, the working copy is a finished document: it is marked so
+    /// (recovery after a crash makes it current, see `Document.flushed`) and published.
     public func flush(handle: UInt64) throws(FSError) {
         try typed {
             let (doc, flags) = try fileDocument(handle)
@@ -103,8 +104,9 @@ extension UbiquityFileSystem {
             // Every writer has closed it: publish now, before close() returns, not at the
             // release the kernel sends later. So what a program wrote is the file's version, on
             // every mount and to `ubiquityfs versions`, once its close returns; and a failure
-            // reaches the program's close() instead of only the log.
-            if closed && publishesOnClose && !isNameless(doc.ino) {
+            // reaches the program's close() instead of only the log. (At most once a second per
+            // file: see `claimClosePublish`.)
+            if closed && publishesOnClose && !isNameless(doc.ino) && doc.claimClosePublish() {
                 do { try publish(doc, durable: false) } catch {
                     log("publish of inode \(doc.ino) at close failed, its working copy is kept: \(error)")
                     throw FSError(error)

@@ -60,23 +60,24 @@ extension UbiquityFileSystem {
         // The file is gone: `p` goes unfinished, and its chunks with it.
         guard let (id, conflict) = committed else { return }
         try p.finish(as: id, sync: sync, removeLater: removeLater)
-        if let conflict { makeConflictCopy(conflict) }
         // Another writer (another mount, device) deleted the file while this edit went on: the
-        // edit brings it back, as iCloud does. (A delete here while it is open is this mount's
-        // own, and stays: a program may unlink a file it still writes.)
+        // edit brings it back, as iCloud does (before any conflict copy is put beside it). A
+        // delete here while it is open is this mount's own, and stays: a program may unlink a
+        // file it still writes.
         if beside == nil, let r = ns.read({ state.trashed[doc.ino] }), r.writer != writerID {
             do {
                 let place = try restoreFromTrash(doc.ino)
                 log("inode \(doc.ino) was deleted on \(r.device) while edited here: the edit brings it back as \(place)")
             } catch { log("inode \(doc.ino) was deleted on \(r.device) while edited here; it stays in Recently Deleted: \(error)") }
         }
+        if let conflict { makeConflictCopy(conflict) }
     }
 
     /// Count the version being added to `ino`; past the per-file limit (plus slack), stage the
     /// deletion of the versions the retention policy lets go, and note the blobs only they used.
     /// Caller holds commits (inside `mutate`).
     func prune(_ s: inout Staging, ino: InodeNumber, adding chunks: [ChunkRef]) throws {
-        let keep = max(state.meta[Self.retentionKey].flatMap { RetentionPolicy.parse($0) }?.maxPerFile ?? RetentionPolicy().maxPerFile, 2)
+        let keep = max(Self.storedRetention(in: state.meta).maxPerFile, 2)
         let count: Int
         if let known = versionCounts[ino] { count = known + 1 } else {
             do { count = try store.metadata.versions(of: ino).count + 1 } catch { throw FSError(error) }
@@ -85,7 +86,7 @@ extension UbiquityFileSystem {
         guard count > keep + keep / 2 else { return }
         // The version being added is the newest and stays: one fewer place for the others.
         // (Read from `state`: this runs under commits, inside a staging.)
-        var policy = state.meta[Self.retentionKey].flatMap { RetentionPolicy.parse($0) } ?? RetentionPolicy()
+        var policy = Self.storedRetention(in: state.meta)
         policy.maxPerFile = keep - 1
         let removed = try stagePrune(&s, ino: ino, policy: policy, alsoUsed: Set(chunks.map(\.blob)))
         s.versionCounts[ino] = count - removed
@@ -138,7 +139,11 @@ extension UbiquityFileSystem {
                 for c in state.conflicts.values where c.file == ino { keep.insert(c.version) }
                 let d = retention.doomed(versions, keep: keep, now: now)
                 if !d.isEmpty { doomed[ino] = d }
-                old[n.container, default: []] += versions.filter { !keep.contains($0.id) && !d.contains($0.id) }
+                // What the space limit may take: old versions past the first day, never one
+                // recovered after a crash (it may be the only copy of an edit).
+                old[n.container, default: []] += versions.filter {
+                    !keep.contains($0.id) && !d.contains($0.id) && $0.origin != .recovered && now - $0.created >= retention.allFor
+                }
             }
         }
         for (_, versions) in old {

@@ -22,6 +22,7 @@ extension UbiquityFileSystem {
     /// the collection before (an hour earlier): one of them may still be reading a file deleted
     /// here a moment ago. Runs at start-up and every hour.
     func collectGarbage() throws {
+        makeOwedConflictCopies()
         expireTrash()
         do { try pruneAll() } catch { log("retention: pruning old versions failed: \(error)") }
         do { try store.metadata.trimChanges(keepingLast: Self.changeLogKept) } catch {

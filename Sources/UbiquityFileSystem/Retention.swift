@@ -85,14 +85,16 @@ public struct RetentionPolicy: Sendable, Equatable {
 
     private static func duration(_ s: String) -> Int64? {
         let units: [Character: Int64] = ["s": 1_000_000_000, "m": 60_000_000_000, "h": hour, "d": day]
-        guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0 else { return nil }
+        // At most 100 years: anything longer is a typo, and would overflow.
+        guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0,
+              n * Double(u) <= 36_500 * Double(day) else { return nil }
         return Int64(n * Double(u))
     }
 
     private static func bytes(_ s: String) -> UInt64? {
         let units: [Character: Double] = ["K": 1_024, "M": 1_048_576, "G": 1_073_741_824, "T": 1_099_511_627_776]
         if let n = UInt64(s) { return n }
-        guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0 else { return nil }
+        guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0, n * u < 0x1p62 else { return nil }
         return UInt64(n * u)
     }
 }

@@ -134,6 +134,67 @@ final class HistoryTests: XCTestCase {
         XCTAssertEqual(try one.names(docs), ["Report.txt"])
     }
 
+    /// An editor's atomic save over the copy is an edit of it: the conflict stays, and the
+    /// saved copy is never removed by `resolve`.
+    func testAnAtomicSaveOverTheCopyKeepsIt() throws {
+        let f = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two))
+        let saved = try two.makeFile(docs, ".swp", b("merged"))
+        try two.rename(parent: docs, name: b(".swp"), newParent: docs, newName: b(name), flags: [])
+        XCTAssertEqual(two.unresolvedConflicts().map(\.copy), [saved])
+        let result = try two.resolve(f, keep: .current)
+        XCTAssertEqual(result.keptCopies, [saved])
+        assertBytes(try two.contents("SugoiApp/" + name), b("merged"))
+    }
+
+    /// `resolve` keeps a copy a program is still editing, and moves the others to Recently
+    /// Deleted like any delete.
+    func testResolveKeepsACopyBeingEdited() throws {
+        let f = try makeConflict()
+        let name = try XCTUnwrap(try copyName(two))
+        let copy = try two.ino("SugoiApp/" + name)
+        let h = try two.open(copy, flags: O_RDWR)
+        try two.put(h, b("V2"), at: 0)
+        XCTAssertEqual(try two.resolve(f, keep: .current).keptCopies, [copy])
+        try two.release(handle: h)
+        assertBytes(try two.contents("SugoiApp/" + name), b("V2 from b"))
+        let g = try makeSecondConflict(on: f)
+        let result = try two.resolve(f, keep: .current)
+        XCTAssertEqual(result.removedCopies, [g])
+        XCTAssertEqual(two.trashItems().map(\.ino), [g], "in Recently Deleted")
+    }
+
+    /// Another conflict on `f` (one publishes, two's edit of the older base loses); its copy.
+    private func makeSecondConflict(on f: UInt64) throws -> UInt64 {
+        try one.catchUp()
+        try two.catchUp()
+        let before = Set(try two.names(docs))
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v9 from a"))
+        try two.put(hb, b("v9 from b"), at: 0)
+        try two.release(handle: hb)
+        let name = try XCTUnwrap(Set(try two.names(docs)).subtracting(before).first)
+        return try two.ino("SugoiApp/" + name)
+    }
+
+    /// Deleted on one device while the other edits an older version of it: the file comes back
+    /// (with the newer version current) and the edit is a conflict copy beside it, not in
+    /// Recently Deleted.
+    func testAConflictOnAFileAnotherDeviceDeleted() throws {
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try two.put(hb, b("v2 from b"), at: 0)
+        try one.writeFile(f, b("v2 from a"))
+        try one.unlink(parent: docs, name: b("Report.txt"))
+        try two.catchUp()
+        try two.release(handle: hb)
+        assertBytes(try two.contents("SugoiApp/Report.txt"), b("v2 from a"))
+        let name = try XCTUnwrap(try copyName(two))
+        assertBytes(try two.contents("SugoiApp/" + name), b("v2 from b"))
+        XCTAssertEqual(two.trashItems(), [])
+    }
+
     func testDeletingTheFileLeavesTheCopy() throws {
         _ = try makeConflict()
         let name = try XCTUnwrap(try copyName(two))
@@ -251,10 +312,13 @@ final class HistoryTests: XCTestCase {
         try one.release(handle: h)
         XCTAssertEqual(try attr(one, f, "status"), "current")
         XCTAssertNotEqual(try attr(one, f, "version"), v1)
-        // cp -a between mounts sets what it read: the same value is accepted, another refused.
-        try one.setxattr(f, name: b("user.ubiquity.status"), value: b("current"), flags: 0)
-        assertErrno(EPERM, try one.setxattr(f, name: b("user.ubiquity.status"), value: b("conflict"), flags: 0))
-        assertErrno(EPERM, try one.removexattr(f, name: b("user.ubiquity.version")))
+        // cp -a and rsync -X between mounts write what they read: accepted, and nothing changes.
+        try one.setxattr(f, name: b("user.ubiquity.status"), value: b("conflict"), flags: 0)
+        try one.removexattr(f, name: b("user.ubiquity.version"))
+        XCTAssertEqual(try attr(one, f, "status"), "current")
+        XCTAssertNotEqual(try attr(one, f, "version"), v1)
+        assertErrno(EEXIST, try one.setxattr(f, name: b("user.ubiquity.status"), value: b("x"), flags: xattrCreate))
+        assertErrno(ENODATA, try one.setxattr(docs, name: b("user.ubiquity.status"), value: b("x"), flags: 0), "folders have none")
         // A conflict shows on the file and on its copy.
         try one.catchUp()
         try two.catchUp()

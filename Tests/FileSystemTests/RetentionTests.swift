@@ -143,14 +143,24 @@ final class RetentionTests: XCTestCase {
         assertBytes(try fs.contents(f), b("v40"))
         XCTAssertEqual((store.blobs as! MemoryBlobStore).blobIDs.count, 1, "the pruned versions' content is freed")
 
-        // The space limit: old versions of the container over 10 bytes go, oldest first.
-        fs.retention.maxBytesPerContainer = 10
-        clock.now = nowNanoseconds()   // young versions: only the space limit applies
+        // The space limit takes old versions past their first day, oldest first; never a young
+        // one, never a recovered one.
         let g = try fs.makeFile(docs, "g.txt", b("12345"))
         for i in 0..<4 { try fs.writeFile(g, b("abcd\(i)")) }
+        let madeG = nowNanoseconds()
+        fs.retention.maxBytesPerContainer = 4
+        clock.now = madeG
+        try fs.collectGarbage()
+        XCTAssertEqual(try store.metadata.versions(of: g).count, 5, "all younger than a day")
+        clock.now = madeG + 2 * day
+        fs.retention.maxBytesPerContainer = 1 << 30
+        try fs.collectGarbage()
+        let hoursG = Set(try store.metadata.versions(of: g).dropLast().map { $0.created / hour }).count
+        XCTAssertEqual(try store.metadata.versions(of: g).count, hoursG + 1, "the newest of its hour stays")
+        fs.retention.maxBytesPerContainer = 4
         try fs.collectGarbage()
         let left = try store.metadata.versions(of: g)
-        XCTAssertEqual(left.count, 3, "the current one and two old ones of 5 bytes")
+        XCTAssertEqual(left.count, 1, "over the space limit: only the current one")
         XCTAssertEqual(left.last?.id, try store.metadata.load().nodes.first { $0.ino == g }?.currentVersion)
         assertBytes(try fs.contents(g), b("abcd3"))
     }
