@@ -410,14 +410,7 @@ extension UbiquityFileSystem {
 /// `Report (conflict from HOST 2026-12-01 10.42).txt` for `Report.txt`, as iCloud names a
 /// conflict copy; ` 2`, ` 3`, … inside the parentheses while the name is `taken`. The stem is
 /// shortened (on a character boundary) to keep the name within `nameMax` bytes.
-func conflictCopyName(_ name: [UInt8], device: String, created: Int64, taken: ([UInt8]) -> Bool) -> [UInt8] {
-    let text = String(decoding: name, as: UTF8.self)
-    var stem = text
-    var ext = ""
-    if let dot = text.lastIndex(of: "."), dot != text.startIndex {
-        stem = String(text[..<dot])
-        ext = String(text[dot...])
-    }
+func conflictCopyName(_ fileName: [UInt8], device: String, created: Int64, taken: ([UInt8]) -> Bool) -> [UInt8] {
     let f = DateFormatter()
     f.locale = Locale(identifier: "en_US_POSIX")
     f.dateFormat = "yyyy-MM-dd HH.mm"
@@ -425,10 +418,7 @@ func conflictCopyName(_ name: [UInt8], device: String, created: Int64, taken: ([
     let host = device.isEmpty ? "another device" : device
     var n = 1
     while true {
-        let note = " (conflict from \(host) \(when)\(n == 1 ? "" : " \(n)"))" + ext
-        var s = stem
-        while s.utf8.count + note.utf8.count > nameMax, !s.isEmpty { s.removeLast() }
-        let candidate = Array((s + note).utf8)
+        let candidate = nameInserting(" (conflict from \(host) \(when)\(n == 1 ? "" : " \(n)"))", into: fileName)
         if !taken(candidate) || n > 10_000 { return candidate }
         n += 1
     }

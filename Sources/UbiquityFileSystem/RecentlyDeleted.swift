@@ -70,7 +70,7 @@ extension UbiquityFileSystem {
     func stageTrash(_ s: inout Staging, _ n: inout NodeRecord, from p: NodeRecord, name: [UInt8], now: Int64) throws -> Bool {
         guard let c = s.base.containers[n.container], policy.depth(of: p.ino, in: c, s.base) != nil else { return false }
         var folder: NodeRecord
-        if let existing = s.base.children[c.rootIno]?[recentlyDeletedName], let f = s.node(existing) {
+        if let f = recentlyDeletedFolder(of: c, in: s) {
             folder = f
         } else {
             // Made on the first delete, private to the store's owner.
@@ -93,6 +93,11 @@ extension UbiquityFileSystem {
         // A deleted conflict copy resolves its conflict (its content stays in the file's history).
         for conflict in s.base.conflicts.values where conflict.copy == n.ino { s.add(.deleteMeta(key: conflict.key)) }
         return true
+    }
+
+    /// Container `c`'s Recently Deleted folder, if it was made. Caller holds commits.
+    private func recentlyDeletedFolder(of c: ContainerRecord, in s: Staging) -> NodeRecord? {
+        s.base.children[c.rootIno]?[recentlyDeletedName].flatMap { s.node($0) }
     }
 
     /// Recently Deleted items, newest first; of one container (name or identifier) if given.
@@ -129,7 +134,7 @@ extension UbiquityFileSystem {
             }
             try mutate { s in
                 guard let r = s.base.trashed[ino], var n = s.node(ino), let c = s.base.containers[n.container],
-                      let folderIno = s.base.children[c.rootIno]?[recentlyDeletedName], var folder = s.node(folderIno) else {
+                      var folder = recentlyDeletedFolder(of: c, in: s) else {
                     throw FSError(ENOENT, "item \(ino) is not in Recently Deleted")
                 }
                 // Back to its folder if that is still in Documents, else to Documents itself.
@@ -182,7 +187,7 @@ extension UbiquityFileSystem {
             for item in doomed {
                 let purged = try mutate { s -> Bool in
                     guard let r = s.base.trashed[item], var n = s.node(item), let c = s.base.containers[n.container],
-                          let folderIno = s.base.children[c.rootIno]?[recentlyDeletedName], var folder = s.node(folderIno) else { return false }
+                          var folder = recentlyDeletedFolder(of: c, in: s) else { return false }
                     let now = nowNanoseconds()
                     s.add(.deleteDirent(parent: folder.ino, name: Array(String(item).utf8)))
                     s.add(.deleteMeta(key: r.key))
@@ -229,20 +234,25 @@ extension UbiquityFileSystem {
 /// `name`, or `name 2.ext`, `name 3.ext`, … (iCloud's rule) while `taken`.
 func freeName(_ name: [UInt8], taken: ([UInt8]) -> Bool) -> [UInt8] {
     guard taken(name) else { return name }
-    let text = String(decoding: name, as: UTF8.self)
-    var stem = text
-    var ext = ""
-    if let dot = text.lastIndex(of: "."), dot != text.startIndex {
-        stem = String(text[..<dot])
-        ext = String(text[dot...])
-    }
     var n = 2
     while true {
-        var s = stem
-        let tail = " \(n)" + ext
-        while s.utf8.count + tail.utf8.count > nameMax, !s.isEmpty { s.removeLast() }
-        let candidate = Array((s + tail).utf8)
-        if !taken(candidate) { return candidate }
+        let candidate = nameInserting(" \(n)", into: name)
+        if !taken(candidate) || n > 100_000 { return candidate }
         n += 1
     }
+}
+
+/// `name` with `text` put before its extension (`Report.txt` → `Report<text>.txt`; a leading dot
+/// is no extension), the stem shortened on a character boundary to keep it within `nameMax`.
+func nameInserting(_ text: String, into name: [UInt8]) -> [UInt8] {
+    let whole = String(decoding: name, as: UTF8.self)
+    var stem = whole
+    var ext = ""
+    if let dot = whole.lastIndex(of: "."), dot != whole.startIndex {
+        stem = String(whole[..<dot])
+        ext = String(whole[dot...])
+    }
+    let tail = text + ext
+    while stem.utf8.count + tail.utf8.count > nameMax, !stem.isEmpty { stem.removeLast() }
+    return Array((stem + tail).utf8)
 }
