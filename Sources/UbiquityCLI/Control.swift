@@ -135,6 +135,11 @@ enum ControlHandler {
             }
             out += formatTable(rows).map { "  " + $0 }
         }
+        let devices = try fs.deviceActivity()
+        out.append("devices: \(devices.isEmpty ? "none" : String(devices.count))")
+        if !devices.isEmpty {
+            out += formatTable([["DEVICE", "LAST CHANGE"]] + devices.map { [$0.device, timestamp($0.last)] }).map { "  " + $0 }
+        }
         return out
     }
 }

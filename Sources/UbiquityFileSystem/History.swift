@@ -205,6 +205,19 @@ extension UbiquityFileSystem {
         return ns.read { all.filter { state.nodes[$0.ino].map { $0.nlink > 0 } ?? false } }
     }
 
+    /// Each device that published a version or deleted an item still on record, with the time
+    /// of its last such change, newest first.
+    public func deviceActivity() throws(FSError) -> [(device: String, last: Int64)] {
+        let versions: [VersionRecord]
+        do { versions = try store.metadata.allVersions() } catch { throw FSError(error) }
+        var last: [String: Int64] = [:]
+        for v in versions where !v.device.isEmpty { last[v.device] = max(last[v.device] ?? .min, v.created) }
+        for r in ns.read({ Array(state.trashed.values) }) where !r.device.isEmpty {
+            last[r.device] = max(last[r.device] ?? .min, r.deleted)
+        }
+        return last.map { ($0.key, $0.value) }.sorted { ($0.last, $0.device) > ($1.last, $1.device) }
+    }
+
     /// Files held open here with changes not yet published.
     public func pendingPublishes() -> [InodeNumber] {
         docsLock.withLock { docs.values.filter(\.hasUnpublishedChanges).map(\.ino) }.sorted()

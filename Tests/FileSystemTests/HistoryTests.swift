@@ -332,6 +332,15 @@ final class HistoryTests: XCTestCase {
         XCTAssertEqual(try attr(two, f, "status"), "current")
     }
 
+    func testDeviceActivity() throws {
+        let f = try makeConflict()
+        XCTAssertEqual(try two.deviceActivity().map(\.device), ["B", "A"], "B's conflict version is the newest change")
+        try one.catchUp()
+        try one.unlink(parent: docs, name: b("Report.txt"))
+        XCTAssertEqual(try one.deviceActivity().map(\.device), ["A", "B"])
+        _ = f
+    }
+
     func testConflictCopyNames() {
         let when: Int64 = 1_800_000_000 * 1_000_000_000
         func name(_ n: String, taken: Set<String> = []) -> String {

@@ -130,8 +130,10 @@ final class CLITests: MountTestCase {
         XCTAssertFalse(other.succeeded, other.description)
         let status = ubiquityfs(["status", mountPoint])
         XCTAssertTrue(status.succeeded, status.description)
-        XCTAssertEqual(status.lines, ["pending publishes: none", "unresolved conflicts: none", "Recently Deleted: 0 items, 0 bytes",
-                                      "recovered versions: none"])
+        XCTAssertEqual(Array(status.lines.prefix(5)), ["pending publishes: none", "unresolved conflicts: none",
+                                                       "Recently Deleted: 0 items, 0 bytes", "recovered versions: none", "devices: 1"])
+        XCTAssertEqual(status.lines.count, 7, status.stdout)
+        XCTAssertTrue(status.lines.last?.hasPrefix("  \(ProcessInfo.processInfo.hostName)  ") ?? false, status.stdout)
         try unmount()
         XCTAssertEqual(ls(storeDir + "/control"), [], "the daemon removes its socket")
         let stored = ubiquityfs(["restore", "--store", storeDir, "SugoiApp/Report.txt", "--version", first])
