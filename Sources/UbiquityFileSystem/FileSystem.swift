@@ -103,7 +103,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     enum Handle {
         case file(Document, flags: Int32)
         case directory([DirectoryEntry])
+        /// A file of the desktop trash's `info/` (see DesktopTrash.swift).
+        case trash(TrashNode, flags: Int32)
     }
+    let trashPlaceholders = TrashPlaceholders()
 
     /// Messages for the daemon's log (recovery, registration changes, failed background publishes).
     public var log: @Sendable (String) -> Void = { _ in }
@@ -198,13 +201,15 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try policy.checkLevels(moving: n, into: dir, in: state)
     }
 
-    /// A folder in which entries may be changed, or the error to refuse with.
-    private func writableDirectory(_ ino: UInt64) throws -> NodeRecord {
+    /// A folder in which entries may be changed, or the error to refuse with. `removing`: only
+    /// to remove entries, which is allowed in a folder in Recently Deleted (emptying the
+    /// desktop's trash deletes a trashed tree from the bottom up).
+    private func writableDirectory(_ ino: UInt64, removing: Bool = false) throws -> NodeRecord {
         switch try target(ino) {
         case .root: throw FSError.readOnly("the mount root is read-only")
         case .node(let n):
             guard n.kind == .directory else { throw FSError.notDir() }
-            if n.nlink == 0 || state.trashed[n.ino] != nil { throw FSError.noEntry("the folder was removed") }
+            if n.nlink == 0 || (!removing && state.isInTrash(n.ino)) { throw FSError.noEntry("the folder was removed") }
             return n
         }
     }
@@ -257,7 +262,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func getattr(_ ino: UInt64) throws(FSError) -> Attributes {
         try typed {
-            try ns.read { attributesOfTarget(try target(ino), ino: ino) }
+            if let t = trashNode(ino) { return try trashAttributes(t) }
+            return try ns.read { attributesOfTarget(try target(ino), ino: ino) }
         }
     }
 
@@ -315,6 +321,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func lookup(parent: UInt64, name: [UInt8]) throws(FSError) -> Attributes {
         try typed {
             if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
+            if let t = trashNode(parent) { return try trashLookup(t, name) }
+            if parent == Self.rootID, offersDesktopTrash, name == desktopTrashName { return try trashAttributes(.top) }
             return try ns.read {
                 let t = try target(parent)
                 if name == [0x2e] { return attributesOfTarget(t, ino: parent) }
@@ -352,7 +360,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// offsets stay stable while the folder changes.
     public func opendir(_ ino: UInt64) throws(FSError) -> UInt64 {
         try typed {
+            // (The trash's listing takes ns itself.)
+            let trash = try trashNode(ino).map { try trashListing($0) }
             let entries: [DirectoryEntry] = try ns.read {
+                if let trash {
+                    return trash.enumerated().map { DirectoryEntry(name: $1.name, ino: $1.ino, kind: $1.kind, nextOffset: $0 + 1) }
+                }
                 let t = try target(ino)
                 var list: [(name: [UInt8], ino: UInt64, kind: NodeKind)] = [([0x2e], ino, .directory)]
                 switch t {
@@ -401,6 +414,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func mkdir(parent: UInt64, name: [UInt8], mode: UInt32, caller: Caller) throws(FSError) -> Attributes {
         try typed {
             try check(name: name)
+            if let a = try trashMkdir(parent, name) { return a }
             return try mutate { s in
                 let dir = try writableDirectory(parent)
                 if state.children[dir.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
@@ -467,6 +481,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Create and open a regular file. Returns its attributes and a file handle.
     public func create(parent: UInt64, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, UInt64) {
         try typed {
+            if let t = trashNode(parent) { return try trashCreate(t, name, flags: flags) }
             let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [])
             let handle = try open(attrs.ino, flags: flags & ~O_TRUNC)
             return (attrs, handle)
@@ -510,12 +525,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func unlink(parent: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
+            if let t = trashNode(parent) { return try trashRemove(t, name) }
             try remove(parent: parent, name: name, directory: false)
         }
     }
 
     public func rmdir(parent: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
+            if let t = trashNode(parent) { return try trashRemove(t, name) }
             try remove(parent: parent, name: name, directory: true)
         }
     }
@@ -525,7 +542,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         if directory && name == [0x2e] { throw FSError(EINVAL, "cannot remove .") }
         if directory && name == [0x2e, 0x2e] { throw FSError(ENOTEMPTY, "cannot remove ..") }
         try mutate { s in
-            var p = try writableDirectory(parent)
+            var p = try writableDirectory(parent, removing: true)
             guard let child = state.children[p.ino]?[name], var n = state.nodes[child], visible(n) else {
                 throw FSError.noEntry()
             }
@@ -591,6 +608,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if name.count > nameMax { throw FSError(ENAMETOOLONG, "name too long") }
             if flags.contains(.noReplace) && flags.contains(.exchange) { throw FSError(EINVAL, "RENAME_NOREPLACE with RENAME_EXCHANGE") }
             if flags.rawValue & ~3 != 0 { throw FSError(EINVAL, "unsupported rename flags") }
+            if try trashRename(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags) { return }
             try mutate { s in
                 let from = try writableDirectory(parent)
                 let to = try writableDirectory(newParent)
@@ -688,6 +706,16 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func setattr(_ ino: UInt64, _ changes: AttributeChanges, handle: UInt64?, caller: Caller) throws(FSError) -> Attributes {
         try typed {
+            if let t = trashNode(ino) {
+                // Only a placeholder's size changes (an O_TRUNC); times and modes stay as shown.
+                if case .placeholder(let id) = t, let size = changes.size {
+                    guard size <= 1 << 20 else { throw FSError(EFBIG, "trash info files are small") }
+                    trashPlaceholders.update(id) { p in
+                        p.bytes = Array(p.bytes.prefix(Int(size))) + [UInt8](repeating: 0, count: max(0, Int(size) - p.bytes.count))
+                    }
+                }
+                return try trashAttributes(t)
+            }
             if let size = changes.size {
                 let doc = try document(for: ino, handle: handle)
                 defer { closeTemporary(doc, handle: handle) }
@@ -775,6 +803,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func getxattr(_ ino: UInt64, name: [UInt8]) throws(FSError) -> [UInt8] {
         try typed {
+            if trashNode(ino) != nil { throw FSError(ENODATA, "no such attribute") }
             if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
             if ino == Self.rootID && name == Self.storeAttribute && !storeLocation.isEmpty { return Array(storeLocation.utf8) }
             if Self.statusAttributes.contains(name) {
@@ -794,7 +823,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func listxattr(_ ino: UInt64) throws(FSError) -> [[UInt8]] {
         try typed {
-            try ns.read {
+            if trashNode(ino) != nil { return [] }
+            return try ns.read {
                 guard case .node(let n) = try target(ino) else { return [] }
                 let computed = n.kind == .regular ? Self.statusAttributes : [Self.containerAttribute]
                 return computed + (state.xattrs[n.ino] ?? [:]).keys.filter { !Self.statusAttributes.contains($0) }

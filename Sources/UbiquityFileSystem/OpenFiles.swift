@@ -12,6 +12,7 @@ extension UbiquityFileSystem {
     /// Open (or share) the document of `ino`; counts as one open until `release`.
     public func open(_ ino: UInt64, flags: Int32) throws(FSError) -> UInt64 {
         try typed {
+            if let t = trashNode(ino) { return try trashOpen(t, flags: flags) }
             let doc = try acquireDocument(ino)
             let h = docsLock.withLock { () -> UInt64 in
                 defer { nextHandle += 1 }
@@ -70,8 +71,20 @@ extension UbiquityFileSystem {
         return (doc, flags)
     }
 
+    /// The trash node of a handle of the desktop trash's `info/`.
+    func trashHandleNode(_ handle: UInt64) -> (TrashNode, Int32)? {
+        docsLock.withLock { if case .trash(let t, let flags)? = handles[handle] { return (t, flags) } else { return nil } }
+    }
+
     public func read(handle: UInt64, offset: UInt64, into buffer: UnsafeMutableRawBufferPointer) throws(FSError) -> Int {
         try typed {
+            if let (t, _) = trashHandleNode(handle) {
+                let bytes = try trashBytes(t)
+                guard offset < UInt64(bytes.count) else { return 0 }
+                let n = min(buffer.count, bytes.count - Int(offset))
+                bytes.withUnsafeBytes { buffer.baseAddress!.copyMemory(from: $0.baseAddress! + Int(offset), byteCount: n) }
+                return n
+            }
             let doc = try fileDocument(handle).0
             do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
         }
@@ -79,6 +92,10 @@ extension UbiquityFileSystem {
 
     public func write(handle: UInt64, offset: UInt64, bytes: UnsafeRawBufferPointer) throws(FSError) -> Int {
         try typed {
+            if let (t, flags) = trashHandleNode(handle) {
+                guard Self.mayWrite(flags) else { throw FSError(EBADF, "not open for writing") }
+                return try trashWrite(t, offset: offset, bytes: bytes)
+            }
             let (doc, flags) = try fileDocument(handle)
             if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
             if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
@@ -93,6 +110,7 @@ extension UbiquityFileSystem {
     /// (recovery after a crash makes it current, see `Document.flushed`) and published.
     public func flush(handle: UInt64) throws(FSError) {
         try typed {
+            if trashHandleNode(handle) != nil { return }
             let (doc, flags) = try fileDocument(handle)
             guard Self.mayWrite(flags) else { return }
             let closed: Bool
@@ -118,6 +136,7 @@ extension UbiquityFileSystem {
     /// fsync: publish the working copy durably, so the data survives a crash as the current version.
     public func fsync(handle: UInt64, dataOnly: Bool) throws(FSError) {
         try typed {
+            if trashHandleNode(handle) != nil { return }
             let (doc, _) = try fileDocument(handle)
             do {
                 if doc.hasUnpublishedChanges {
@@ -131,6 +150,7 @@ extension UbiquityFileSystem {
 
     public func release(handle: UInt64) throws(FSError) {
         try typed {
+            if trashHandleNode(handle) != nil { docsLock.withLock { _ = handles.removeValue(forKey: handle) }; return }
             guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
                 throw FSError(EBADF, "not a file handle")
             }

@@ -13,42 +13,67 @@ import UbiquityStore
 let recentlyDeletedName = Array(".ubiquityfs-recently-deleted".utf8)
 
 /// One item in Recently Deleted, recorded in the store's `meta` table as `deleted.<ino>` =
-/// `<folder it was in> <deletion time, ns> <name in hex> <writer>`, so it reaches other writers
-/// through the change log with the move that made it.
+/// `<folder it was in> <deletion time, ns> <name in hex> <trash name in hex, or -> <writer>`, so
+/// it reaches other writers through the change log with the move that made it.
 public struct TrashRecord: Sendable, Equatable, MetaRecord {
     public var ino: InodeNumber
     /// The folder it was deleted from, and its name there.
     public var parent: InodeNumber
     public var name: [UInt8]
     public var deleted: Int64
+    /// The name the desktop's trash gave it (a rename into `.Trash-UID/files/NAME`), if any.
+    public var trashName: [UInt8]?
     /// The writer (daemon) that deleted it; its first word is the device.
     public var writer: String
     public var device: String { writer.split(separator: " ").first.map(String.init) ?? "" }
 
     static let prefix = "deleted."
     var key: String { Self.prefix + String(ino) }
-    var value: String { "\(parent) \(deleted) \(name.map { String(format: "%02x", $0) }.joined()) \(writer)" }
+    var value: String { "\(parent) \(deleted) \(Self.hex(name)) \(trashName.map(Self.hex) ?? "-") \(writer)" }
 
-    init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, writer: String) {
-        self.ino = ino; self.parent = parent; self.name = name; self.deleted = deleted; self.writer = writer
+    init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, trashName: [UInt8]? = nil, writer: String) {
+        self.ino = ino; self.parent = parent; self.name = name; self.deleted = deleted; self.trashName = trashName
+        self.writer = writer
+    }
+
+    private static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+
+    private static func unhex(_ text: Substring) -> [UInt8]? {
+        guard text.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        var i = text.startIndex
+        while i < text.endIndex {
+            let j = text.index(i, offsetBy: 2)
+            guard let byte = UInt8(text[i..<j], radix: 16) else { return nil }
+            out.append(byte)
+            i = j
+        }
+        return out
     }
 
     init?(key: String, value: String) {
         guard key.hasPrefix(Self.prefix), let ino = InodeNumber(key.dropFirst(Self.prefix.count)) else { return nil }
-        let f = value.split(separator: " ", maxSplits: 3, omittingEmptySubsequences: false)
-        guard f.count >= 3, let parent = InodeNumber(f[0]), let deleted = Int64(f[1]), f[2].count % 2 == 0 else { return nil }
-        var name: [UInt8] = []
-        var i = f[2].startIndex
-        while i < f[2].endIndex {
-            let j = f[2].index(i, offsetBy: 2)
-            guard let byte = UInt8(f[2][i..<j], radix: 16) else { return nil }
-            name.append(byte)
-            i = j
-        }
-        self.init(ino: ino, parent: parent, name: name, deleted: deleted, writer: f.count > 3 ? String(f[3]) : "")
+        let f = value.split(separator: " ", maxSplits: 4, omittingEmptySubsequences: false)
+        guard f.count >= 4, let parent = InodeNumber(f[0]), let deleted = Int64(f[1]), let name = Self.unhex(f[2]) else { return nil }
+        let trashName = f[3] == "-" ? nil : Self.unhex(f[3])
+        self.init(ino: ino, parent: parent, name: name, deleted: deleted, trashName: trashName,
+                  writer: f.count > 4 ? String(f[4]) : "")
     }
 
     var id: InodeNumber { ino }
+}
+
+extension Namespace {
+    /// Whether folder `dir` is in Recently Deleted, or inside a folder that is (a tree the
+    /// desktop's trash took whole).
+    func isInTrash(_ dir: InodeNumber) -> Bool {
+        var cur = dir
+        while true {
+            if trashed[cur] != nil { return true }
+            guard let p = parent[cur] else { return false }
+            cur = p
+        }
+    }
 }
 
 /// An item of Recently Deleted as `ubiquityfs trash list` shows it.
@@ -67,7 +92,8 @@ extension UbiquityFileSystem {
     /// Stage the move of `n` (its last name `name` in `p`) into its container's Recently Deleted,
     /// if it is inside Documents; false if it is not (the caller deletes it for real). Caller
     /// holds commits (in `mutate`) and updates `p`'s link count (for a folder) and times.
-    func stageTrash(_ s: inout Staging, _ n: inout NodeRecord, from p: NodeRecord, name: [UInt8], now: Int64) throws -> Bool {
+    func stageTrash(_ s: inout Staging, _ n: inout NodeRecord, from p: NodeRecord, name: [UInt8], now: Int64,
+                    trashName: [UInt8]? = nil) throws -> Bool {
         guard let c = s.base.containers[n.container], policy.depth(of: p.ino, in: c, s.base) != nil else { return false }
         var folder: NodeRecord
         if let f = recentlyDeletedFolder(of: c, in: s) {
@@ -88,7 +114,7 @@ extension UbiquityFileSystem {
         s.put(folder)
         n.ctime = now
         s.put(n)
-        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), writer: writerID)
+        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), trashName: trashName, writer: writerID)
         s.add(.setMeta(key: record.key, value: record.value))
         // A deleted conflict copy resolves its conflict (its content stays in the file's history).
         for conflict in s.base.conflicts.values where conflict.copy == n.ino { s.add(.deleteMeta(key: conflict.key)) }
@@ -106,16 +132,16 @@ extension UbiquityFileSystem {
             state.trashed.values.compactMap { r -> TrashItem? in
                 guard let n = state.nodes[r.ino], let c = state.containers[n.container] else { return nil }
                 if let container, c.name != container && c.identifier != container { return nil }
-                return TrashItem(ino: r.ino, container: c.name, originalPath: originalPath(r), deleted: r.deleted,
+                return TrashItem(ino: r.ino, container: c.name, originalPath: trashOriginalPath(r), deleted: r.deleted,
                                  device: r.device, kind: n.kind, size: n.kind == .regular ? n.size : 0)
             }.sorted { ($0.deleted, $0.ino) > ($1.deleted, $1.ino) }
         }
     }
 
     /// Where a trashed item was. Caller holds ns.
-    private func originalPath(_ r: TrashRecord) -> String {
+    func trashOriginalPath(_ r: TrashRecord) -> String {
         let name = String(decoding: r.name, as: UTF8.self)
-        if let up = state.trashed[r.parent] { return originalPath(up) + "/" + name }
+        if let up = state.trashed[r.parent] { return trashOriginalPath(up) + "/" + name }
         return (displayPathLocked(of: r.parent) ?? "?") + "/" + name
     }
 
@@ -124,10 +150,17 @@ extension UbiquityFileSystem {
     /// it. Returns where it is now.
     @discardableResult
     public func restoreFromTrash(_ ino: InodeNumber) throws(FSError) -> String {
+        try restoreFromTrash(ino, to: nil, name: nil)
+    }
+
+    /// `restoreFromTrash`, or with `folder` and `name` to that place instead (a move out of the
+    /// desktop's trash: `EEXIST` if the name is taken).
+    @discardableResult
+    func restoreFromTrash(_ ino: InodeNumber, to destination: InodeNumber?, name: [UInt8]?) throws(FSError) -> String {
         try typed {
             try commits.withLock { try catchUpLocked() }
             guard let r = ns.read({ state.trashed[ino] }) else { throw FSError(ENOENT, "item \(ino) is not in Recently Deleted") }
-            if ns.read({ state.trashed[r.parent] != nil }) {
+            if destination == nil, ns.read({ state.trashed[r.parent] != nil }) {
                 _ = try restoreFromTrash(r.parent)
                 // Its folder brought it back with it.
                 if ns.read({ state.trashed[ino] == nil }) { return displayPath(of: ino) ?? "inode \(ino)" }
@@ -138,14 +171,21 @@ extension UbiquityFileSystem {
                     throw FSError(ENOENT, "item \(ino) is not in Recently Deleted")
                 }
                 // Back to its folder if that is still in Documents, else to Documents itself.
-                var target = r.parent
-                if s.node(target)?.kind != .directory || s.base.trashed[target] != nil
+                var target = destination ?? r.parent
+                if let destination {
+                    guard let f = s.node(destination), f.kind == .directory, f.container == n.container,
+                          s.base.trashed[destination] == nil, policy.depth(of: destination, in: c, s.base) != nil else {
+                        throw FSError(EXDEV, "an item goes back only into its own container's Documents")
+                    }
+                    if let name, s.base.children[destination]?[name] != nil { throw FSError(EEXIST, "already exists") }
+                    if let name { try ViewPolicy.check(name: name) }
+                } else if s.node(target)?.kind != .directory || s.base.trashed[target] != nil
                     || policy.depth(of: target, in: c, s.base) == nil {
                     guard let docs = s.base.children[c.rootIno]?[documentsName] else { throw FSError(ENOENT, "the container has no Documents") }
                     target = docs
                 }
                 var p = s.node(target)!
-                let name = freeName(r.name) { s.base.children[target]?[$0] != nil }
+                let name = name ?? freeName(r.name) { s.base.children[target]?[$0] != nil }
                 let now = nowNanoseconds()
                 s.add(.deleteDirent(parent: folder.ino, name: Array(String(ino).utf8)))
                 s.add(.putDirent(DirentRecord(parent: target, name: name, child: ino)))
@@ -162,7 +202,7 @@ extension UbiquityFileSystem {
                 pendingInvalidations.append(.node(ino))
             }
             // What was deleted from a folder comes back with it.
-            for child in ns.read({ state.trashed.values.filter { $0.parent == ino }.map(\.ino) }) {
+            for child in ns.read({ state.trashed.values.filter { $0.parent == ino }.map(\.ino) }) where destination == nil {
                 _ = try restoreFromTrash(child)
             }
             return displayPath(of: ino) ?? "inode \(ino)"

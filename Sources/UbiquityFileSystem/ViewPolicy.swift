@@ -27,7 +27,7 @@ struct ViewPolicy: Sendable {
         // this view gave it, so the check is for folders: another view may move a folder the
         // kernel knows out of Documents. A removed folder has no path at all but may still be a
         // process's working folder.
-        if case .drive = view, n.kind == .directory, n.nlink > 0, ns.trashed[n.ino] == nil, depth(of: n.ino, in: c, ns) == nil {
+        if case .drive = view, n.kind == .directory, n.nlink > 0, depth(of: n.ino, in: c, ns) == nil, !ns.isInTrash(n.ino) {
             throw FSError.noEntry("node \(ino) is outside Documents")
         }
         return .node(n)
@@ -94,7 +94,8 @@ struct ViewPolicy: Sendable {
            ns.children[root]?[recentlyDeletedName] == n.ino { return false }
         guard case .drive = view, n.kind == .directory, let c = ns.containers[n.container],
               let limit = active[c.identifier]?.maxDepth else { return true }
-        guard let d = depth(of: n.ino, in: c, ns) else { return false }
+        // A tree in Recently Deleted shows whole through the desktop's trash.
+        guard let d = depth(of: n.ino, in: c, ns) else { return ns.isInTrash(n.ino) }
         return d <= limit
     }
 

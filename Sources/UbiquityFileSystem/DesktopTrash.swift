@@ -1,0 +1,375 @@
+// The desktop's trash is Recently Deleted. GIO (Nautilus, PCManFM, Thunar, `gio trash`) trashes
+// a file on a mount by finding `$topdir/.Trash-$UID`, making `files/` and `info/` in it, claiming
+// `info/NAME.trashinfo` with an exclusive create, renaming the file to `files/NAME` and writing
+// the info file (a temporary file renamed over it). The drive view's root offers that folder to
+// the store's user, made of nothing but Recently Deleted:
+// - `files/` lists every Recently Deleted item of every shown container under a trash name (the
+//   name GIO gave it, else its own; `name.2.ext`, … when two are alike); a rename into it from
+//   any container is a move to Recently Deleted (never EXDEV), a rename out of it a restore,
+//   and deleting in it deletes for good;
+// - `info/` lists a true `.trashinfo` for each item (`Path=` relative to the mount,
+//   `DeletionDate=`), computed, plus the files GIO makes there, kept in memory until it
+//   renames or deletes them.
+// Every other name at the root stays refused. Nodes here have numbers of their own, above every
+// store inode number.
+
+import Foundation
+import UbiquityStore
+
+enum TrashNode: Hashable, Sendable {
+    case top, files, info
+    /// The `.trashinfo` of a Recently Deleted item.
+    case infoFile(InodeNumber)
+    /// A file GIO made in `info/` (its exclusive claim, or the temporary file of its write).
+    case placeholder(UInt64)
+
+    static let base: UInt64 = 0xFFF0_0000_0000_0000
+    private static let infoBit: UInt64 = 1 << 48
+    private static let placeholderBit: UInt64 = 2 << 48
+    private static let low: UInt64 = (1 << 48) - 1
+
+    var ino: UInt64 {
+        switch self {
+        case .top: return Self.base + 1
+        case .files: return Self.base + 2
+        case .info: return Self.base + 3
+        case .infoFile(let i): return Self.base | Self.infoBit | (i & Self.low)
+        case .placeholder(let id): return Self.base | Self.placeholderBit | (id & Self.low)
+        }
+    }
+
+    init?(ino: UInt64) {
+        guard ino & Self.base == Self.base else { return nil }
+        switch ino & ~Self.low {
+        case Self.base:
+            switch ino {
+            case Self.base + 1: self = .top
+            case Self.base + 2: self = .files
+            case Self.base + 3: self = .info
+            default: return nil
+            }
+        case Self.base | Self.infoBit: self = .infoFile(ino & Self.low)
+        case Self.base | Self.placeholderBit: self = .placeholder(ino & Self.low)
+        default: return nil
+        }
+    }
+}
+
+/// What GIO wrote in `info/`: name, bytes, time; per daemon, in memory (the info that counts is
+/// computed from Recently Deleted).
+final class TrashPlaceholders: @unchecked Sendable {
+    struct File { var name: [UInt8]; var bytes: [UInt8]; var mtime: Int64 }
+    private let lock = Lock()
+    private var files: [UInt64: File] = [:]
+    private var next: UInt64 = 1
+
+    func add(_ name: [UInt8]) -> UInt64 {
+        lock.withLock {
+            defer { next += 1 }
+            files[next] = File(name: name, bytes: [], mtime: nowNanoseconds())
+            return next
+        }
+    }
+    func get(_ id: UInt64) -> File? { lock.withLock { files[id] } }
+    func id(named name: [UInt8]) -> UInt64? { lock.withLock { files.first { $0.value.name == name }?.key } }
+    func all() -> [(UInt64, File)] { lock.withLock { files.map { ($0.key, $0.value) } } }
+    func remove(_ id: UInt64) { lock.withLock { _ = files.removeValue(forKey: id) } }
+    func rename(_ id: UInt64, to name: [UInt8]) {
+        lock.withLock {
+            for (other, f) in files where f.name == name && other != id { files[other] = nil }
+            files[id]?.name = name
+        }
+    }
+    func update(_ id: UInt64, _ change: (inout File) -> Void) { lock.withLock { if files[id] != nil { change(&files[id]!) } } }
+
+    /// Info names of items that just left the trash through it (restored, or deleted for good):
+    /// the file manager deletes the info file next, and that must not fail.
+    private var left: [[UInt8]: UInt64] = [:]
+    func noteLeft(_ name: [UInt8]) {
+        let now = monotonicNanoseconds()
+        lock.withLock {
+            left = left.filter { now &- $0.value < 60_000_000_000 }
+            left[name] = now
+        }
+    }
+    func takeLeft(_ name: [UInt8]) -> Bool { lock.withLock { left.removeValue(forKey: name) != nil } }
+}
+
+extension UbiquityFileSystem {
+    /// `.Trash-<uid>` of the store's user (the daemon's).
+    var desktopTrashName: [UInt8] { Array(".Trash-\(ownerUID)".utf8) }
+    private static let filesName = Array("files".utf8)
+    private static let infoName = Array("info".utf8)
+    private static let infoSuffix = Array(".trashinfo".utf8)
+
+    /// Whether this view has the desktop trash (the drive view does).
+    var offersDesktopTrash: Bool { if case .drive = view { return true } else { return false } }
+
+    func trashNode(_ ino: UInt64) -> TrashNode? {
+        guard offersDesktopTrash else { return nil }
+        return TrashNode(ino: ino)
+    }
+
+    /// Trash names of the Recently Deleted items of shown containers: the one GIO gave, else the
+    /// item's own name; `name.2.ext`, `name.3.ext`, … (GIO's rule) for later alike ones. Caller
+    /// holds ns.
+    func trashNames() -> (byName: [[UInt8]: InodeNumber], byIno: [InodeNumber: [UInt8]]) {
+        var byName: [[UInt8]: InodeNumber] = [:]
+        var byIno: [InodeNumber: [UInt8]] = [:]
+        let items = state.trashed.values.filter { r in
+            state.nodes[r.ino].flatMap { state.containers[$0.container] }.map(policy.isShown) ?? false
+        }.sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }
+        for r in items {
+            let wanted = r.trashName ?? r.name
+            var name = wanted
+            var n = 2
+            while byName[name] != nil { name = gioUniqueName(wanted, n); n += 1 }
+            byName[name] = r.ino
+            byIno[r.ino] = name
+        }
+        return (byName, byIno)
+    }
+
+    /// The `.trashinfo` text of item `r`. Caller holds ns.
+    func trashInfo(_ r: TrashRecord) -> [UInt8] {
+        let f = DateFormatter()
+        f.locale = Locale(identifier: "en_US_POSIX")
+        f.dateFormat = "yyyy-MM-dd'T'HH:mm:ss"
+        let when = f.string(from: Date(timeIntervalSince1970: TimeInterval(r.deleted) / 1e9))
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._~/")
+        let path = trashOriginalPath(r).addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
+        return Array("[Trash Info]\nPath=\(path)\nDeletionDate=\(when)\n".utf8)
+    }
+
+    func trashAttributes(_ node: TrashNode) throws -> Attributes {
+        func dir(_ ino: UInt64, links: UInt32) -> Attributes {
+            Attributes(ino: ino, mode: UInt32(S_IFDIR) | 0o700, nlink: links, uid: ownerUID, gid: ownerGID, size: 4096,
+                       blocks: 8, atime: mountTime, mtime: mountTime, ctime: mountTime, rdev: 0)
+        }
+        func file(_ ino: UInt64, _ bytes: Int, _ mtime: Int64) -> Attributes {
+            Attributes(ino: ino, mode: UInt32(S_IFREG) | 0o600, nlink: 1, uid: ownerUID, gid: ownerGID, size: UInt64(bytes),
+                       blocks: UInt64(bytes + 511) / 512, atime: mtime, mtime: mtime, ctime: mtime, rdev: 0)
+        }
+        switch node {
+        case .top: return dir(node.ino, links: 4)
+        case .files, .info: return dir(node.ino, links: 2)
+        case .infoFile(let i):
+            return try ns.read {
+                guard let r = state.trashed[i] else { throw FSError.noEntry("no longer in the trash") }
+                return file(node.ino, trashInfo(r).count, r.deleted)
+            }
+        case .placeholder(let id):
+            guard let p = trashPlaceholders.get(id) else { throw FSError.noEntry("no such file") }
+            return file(node.ino, p.bytes.count, p.mtime)
+        }
+    }
+
+    /// lookup of `name` in trash folder `dir`.
+    func trashLookup(_ dir: TrashNode, _ name: [UInt8]) throws -> Attributes {
+        if name == [0x2e] { return try trashAttributes(dir) }
+        switch dir {
+        case .top:
+            if name == [0x2e, 0x2e] { return try getattr(Self.rootID) }
+            if name == Self.filesName { return try trashAttributes(.files) }
+            if name == Self.infoName { return try trashAttributes(.info) }
+            throw FSError.noEntry()
+        case .files:
+            if name == [0x2e, 0x2e] { return try trashAttributes(.top) }
+            guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
+            return try getattr(ino)
+        case .info:
+            if name == [0x2e, 0x2e] { return try trashAttributes(.top) }
+            if let id = trashPlaceholders.id(named: name) { return try trashAttributes(.placeholder(id)) }
+            guard let ino = infoItem(named: name) else { throw FSError.noEntry() }
+            return try trashAttributes(.infoFile(ino))
+        default:
+            throw FSError.notDir()
+        }
+    }
+
+    /// The item whose `.trashinfo` is `name`.
+    private func infoItem(named name: [UInt8]) -> InodeNumber? {
+        guard name.count > Self.infoSuffix.count, name.suffix(Self.infoSuffix.count).elementsEqual(Self.infoSuffix) else { return nil }
+        return ns.read { trashNames().byName[Array(name.dropLast(Self.infoSuffix.count))] }
+    }
+
+    func trashListing(_ dir: TrashNode) throws -> [(name: [UInt8], ino: UInt64, kind: NodeKind)] {
+        var list: [(name: [UInt8], ino: UInt64, kind: NodeKind)] = [([0x2e], dir.ino, .directory)]
+        switch dir {
+        case .top:
+            list.append(([0x2e, 0x2e], Self.rootID, .directory))
+            list.append((Self.filesName, TrashNode.files.ino, .directory))
+            list.append((Self.infoName, TrashNode.info.ino, .directory))
+        case .files:
+            list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
+            ns.read {
+                for (ino, name) in trashNames().byIno.sorted(by: { $0.value.lexicographicallyPrecedes($1.value) }) {
+                    list.append((name, ino, state.nodes[ino]?.kind ?? .regular))
+                }
+            }
+        case .info:
+            list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
+            let names = ns.read { trashNames().byIno }
+            var seen: Set<[UInt8]> = []
+            for (ino, name) in names.sorted(by: { $0.value.lexicographicallyPrecedes($1.value) }) {
+                let info = name + Self.infoSuffix
+                seen.insert(info)
+                list.append((info, TrashNode.infoFile(ino).ino, .regular))
+            }
+            for (id, p) in trashPlaceholders.all() where !seen.contains(p.name) {
+                list.append((p.name, TrashNode.placeholder(id).ino, .regular))
+            }
+        default:
+            throw FSError.notDir()
+        }
+        return list
+    }
+
+    /// mkdir in the trash (or of it at the root): it is always there, so EEXIST, as GIO expects.
+    func trashMkdir(_ parent: UInt64, _ name: [UInt8]) throws -> Attributes? {
+        if parent == Self.rootID, offersDesktopTrash, name == desktopTrashName { throw FSError(EEXIST, "the trash folder exists") }
+        guard let dir = trashNode(parent) else { return nil }
+        if dir == .top, name == Self.filesName || name == Self.infoName { throw FSError(EEXIST, "exists") }
+        throw FSError(EPERM, "nothing else can be made in the trash folder")
+    }
+
+    /// create in `info/`: a placeholder (GIO's claim, or its temporary file).
+    func trashCreate(_ dir: TrashNode, _ name: [UInt8], flags: Int32) throws -> (Attributes, UInt64) {
+        guard dir == .info else { throw FSError(EPERM, "only a move puts something in the trash") }
+        try ViewPolicy.check(name: name)
+        let existing = trashPlaceholders.id(named: name)
+        if infoItem(named: name) != nil || (existing != nil && flags & O_EXCL != 0) { throw FSError(EEXIST, "exists") }
+        let id = existing ?? trashPlaceholders.add(name)
+        if flags & O_TRUNC != 0 { trashPlaceholders.update(id) { $0.bytes = [] } }
+        return (try trashAttributes(.placeholder(id)), trashHandle(.placeholder(id), flags: flags))
+    }
+
+    func trashHandle(_ node: TrashNode, flags: Int32) -> UInt64 {
+        docsLock.withLock {
+            defer { nextHandle += 1 }
+            handles[nextHandle] = .trash(node, flags: flags)
+            return nextHandle
+        }
+    }
+
+    func trashOpen(_ node: TrashNode, flags: Int32) throws -> UInt64 {
+        switch node {
+        case .infoFile:
+            if Self.mayWrite(flags) { throw FSError(EACCES, "computed from Recently Deleted") }
+        case .placeholder(let id):
+            guard trashPlaceholders.get(id) != nil else { throw FSError.noEntry() }
+            if flags & O_TRUNC != 0 { trashPlaceholders.update(id) { $0.bytes = [] } }
+        default:
+            throw FSError(EISDIR, "is a folder")
+        }
+        _ = try trashAttributes(node)
+        return trashHandle(node, flags: flags)
+    }
+
+    func trashBytes(_ node: TrashNode) throws -> [UInt8] {
+        switch node {
+        case .infoFile(let i):
+            return try ns.read {
+                guard let r = state.trashed[i] else { throw FSError.noEntry("no longer in the trash") }
+                return trashInfo(r)
+            }
+        case .placeholder(let id):
+            guard let p = trashPlaceholders.get(id) else { throw FSError.noEntry() }
+            return p.bytes
+        default:
+            throw FSError(EISDIR, "is a folder")
+        }
+    }
+
+    func trashWrite(_ node: TrashNode, offset: UInt64, bytes: UnsafeRawBufferPointer) throws -> Int {
+        guard case .placeholder(let id) = node else { throw FSError(EACCES, "computed from Recently Deleted") }
+        guard offset + UInt64(bytes.count) <= 1 << 20 else { throw FSError(EFBIG, "trash info files are small") }
+        trashPlaceholders.update(id) { p in
+            let end = Int(offset) + bytes.count
+            if p.bytes.count < end { p.bytes += [UInt8](repeating: 0, count: end - p.bytes.count) }
+            p.bytes.replaceSubrange(Int(offset)..<end, with: bytes)
+            p.mtime = nowNanoseconds()
+        }
+        return bytes.count
+    }
+
+    /// unlink or rmdir in the trash: in `files/` it deletes the item for good; in `info/` it
+    /// drops a placeholder (an item's computed info goes with the item).
+    func trashRemove(_ dir: TrashNode, _ name: [UInt8]) throws {
+        switch dir {
+        case .files:
+            guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
+            try emptyTrash(ino)
+            trashPlaceholders.noteLeft(name + Self.infoSuffix)
+        case .info:
+            if let id = trashPlaceholders.id(named: name) { trashPlaceholders.remove(id); return }
+            if trashPlaceholders.takeLeft(name) { return }
+            guard infoItem(named: name) != nil else { throw FSError.noEntry() }
+        case .top:
+            throw FSError(EPERM, "the trash folder's own folders stay")
+        default:
+            throw FSError.notDir()
+        }
+    }
+
+    /// A rename into, out of or inside the trash folder; nil if it involves none of it.
+    func trashRename(parent: UInt64, name: [UInt8], newParent: UInt64, newName: [UInt8], flags: RenameFlags) throws -> Bool {
+        let from = trashNode(parent), to = trashNode(newParent)
+        if from == nil && to == nil { return false }
+        if flags.contains(.exchange) { throw FSError(EINVAL, "no exchange with the trash") }
+        switch (from, to) {
+        case (.info?, .info?):
+            // GIO's write of an info file: its temporary file renamed over the claim.
+            guard let id = trashPlaceholders.id(named: name) else {
+                throw infoItem(named: name) != nil ? FSError(EPERM, "computed from Recently Deleted") : FSError.noEntry()
+            }
+            if flags.contains(.noReplace), trashPlaceholders.id(named: newName) != nil || infoItem(named: newName) != nil {
+                throw FSError(EEXIST, "exists")
+            }
+            if infoItem(named: newName) != nil { trashPlaceholders.remove(id) } else { trashPlaceholders.rename(id, to: newName) }
+        case (nil, .files?):
+            try moveToTrash(parent: parent, name: name, trashName: newName)
+            if let id = trashPlaceholders.id(named: newName + Self.infoSuffix) { trashPlaceholders.remove(id) }
+        case (.files?, nil):
+            guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
+            try restoreFromTrash(ino, to: newParent, name: newName)
+            trashPlaceholders.noteLeft(name + Self.infoSuffix)
+        default:
+            throw FSError(EPERM, "not a move into or out of the trash")
+        }
+        return true
+    }
+
+    /// Move `name` in `parent` (in a container's Documents) to Recently Deleted under
+    /// `trashName`, folders with what is in them.
+    private func moveToTrash(parent: UInt64, name: [UInt8], trashName: [UInt8]) throws {
+        try ViewPolicy.check(name: trashName)
+        if ns.read({ trashNames().byName[trashName] }) != nil { throw FSError(EEXIST, "the trash has an item of that name") }
+        try mutate { s in
+            guard case .node(var p) = try target(parent), p.kind == .directory, p.nlink > 0, state.trashed[p.ino] == nil else {
+                throw FSError.noEntry()
+            }
+            guard let child = state.children[p.ino]?[name], var n = state.nodes[child], policy.visible(n, in: state) else {
+                throw FSError.noEntry()
+            }
+            if name == documentsName, let c = state.containers[p.container], c.rootIno == p.ino {
+                throw FSError(EPERM, "a container's Documents folder cannot be trashed")
+            }
+            let now = nowNanoseconds()
+            guard try stageTrash(&s, &n, from: p, name: name, now: now, trashName: trashName) else {
+                throw FSError(EXDEV, "only what is in Documents goes to the trash")
+            }
+            if n.kind == .directory { p.nlink -= 1 }
+            p.mtime = now
+            p.ctime = now
+            s.put(p)
+        }
+    }
+}
+
+/// GIO's unique trash name: `name.N.ext` (the number before the first dot), `name.N` without one.
+func gioUniqueName(_ name: [UInt8], _ n: Int) -> [UInt8] {
+    guard let dot = name.firstIndex(of: 0x2e), dot != name.startIndex else { return name + Array(".\(n)".utf8) }
+    return Array(name[..<dot]) + Array(".\(n)".utf8) + Array(name[dot...])
+}
