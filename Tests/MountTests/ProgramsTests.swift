@@ -99,6 +99,35 @@ final class ProgramsTests: MountTestCase {
         XCTAssertEqual(try Posix.getxattr(f, "user.ubiquity.status").get(), "current")
     }
 
+    /// `gio trash` (GLib's own trashing, as Nautilus and PCManFM do it) on the mount lands in
+    /// Recently Deleted, with true `.trashinfo` files; a move back out restores, `rm -rf` in
+    /// files/ empties; `ubiquityfs trash` sees the same items.
+    func testGioTrashIsRecentlyDeleted() throws {
+        try mount(extra: ["--cache-seconds", "600"])
+        let trash = mountPoint + "/.Trash-\(getuid())"
+        XCTAssertEqual(Posix.writeFile(dir + "/My Report.txt", "report\n"), 0)
+        assertShell("mkdir -p \(shellQuote(dir))/Project/src && echo code > \(shellQuote(dir))/Project/src/main.c")
+        assertShell("gio trash \(shellQuote(dir + "/My Report.txt")) \(shellQuote(dir + "/Project"))")
+        XCTAssertEqual(ls(dir), [])
+        XCTAssertEqual(ls(trash), ["files", "info"])
+        XCTAssertEqual(ls(trash + "/files"), ["My Report.txt", "Project"])
+        XCTAssertEqual(ls(trash + "/info"), ["My Report.txt.trashinfo", "Project.trashinfo"])
+        let info = Posix.readText(trash + "/info/My Report.txt.trashinfo") ?? ""
+        XCTAssertTrue(info.hasPrefix("[Trash Info]\nPath=SugoiApp/My%20Report.txt\nDeletionDate="), info)
+        XCTAssertEqual(Posix.readText(trash + "/files/Project/src/main.c"), "code\n", "browsable in the trash")
+        let listed = ubiquityfs(["trash", "list", "--store", storeDir]).stdout
+        XCTAssertTrue(listed.contains("SugoiApp/My Report.txt") && listed.contains("SugoiApp/Project"), listed)
+        // Restore as a file manager does, then empty the rest.
+        assertShell("mv \(shellQuote(trash + "/files/My Report.txt")) \(shellQuote(dir + "/")) && rm -f \(shellQuote(trash + "/info/My Report.txt.trashinfo"))")
+        XCTAssertEqual(Posix.readText(dir + "/My Report.txt"), "report\n")
+        assertShell("rm -rf \(shellQuote(trash))/files/* \(shellQuote(trash))/info/*")
+        XCTAssertEqual(ls(trash + "/files"), [])
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+        // Nothing else can be made at the root, and the trash is not listed there.
+        XCTAssertFalse(sh("mkdir \(shellQuote(mountPoint + "/.Trash"))").succeeded)
+        XCTAssertFalse(ls(mountPoint).contains(".Trash-\(getuid())"))
+    }
+
     func testTarRoundTrip() throws {
         try mount()
         let source = scratchDir + "/tree"
