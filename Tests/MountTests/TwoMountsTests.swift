@@ -219,6 +219,37 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// Deleted on A while B edits it: B's save brings it back, with B's edit, on both mounts.
+    /// Renamed on A while B edits it: B's save lands in the renamed file.
+    func testDeleteOrRenameOnOneWhileTheOtherEdits() throws {
+        try mount(extra: Self.longCache)
+        try mountSecond()
+        let a = docs("Notes"), b = second + "/Notes"
+        XCTAssertEqual(Posix.writeFile(a + "/draft.txt", "draft\n"), 0)
+        eventually("the file on B") { Posix.readText(b + "/draft.txt") == "draft\n" }
+        var fd = Posix.open(b + "/draft.txt", O_WRONLY | O_TRUNC)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        assertSucceeds("rm on A") { unlink(a + "/draft.txt") }
+        eventually("gone on B") { !Posix.exists(b + "/draft.txt") }
+        XCTAssertEqual(write(fd, "B's edit\n", 9), 9)
+        close(fd)
+        eventually("back on B with B's edit") { Posix.readText(b + "/draft.txt") == "B's edit\n" }
+        eventually("back on A with B's edit") { Posix.readText(a + "/draft.txt") == "B's edit\n" }
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+
+        fd = Posix.open(b + "/draft.txt", O_WRONLY | O_APPEND)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        assertSucceeds("mv on A") { rename(a + "/draft.txt", a + "/final.txt") }
+        eventually("renamed on B") { Posix.exists(b + "/final.txt") }
+        XCTAssertEqual(write(fd, "more\n", 5), 5)
+        close(fd)
+        eventually("the edit in the renamed file on A") { Posix.readText(a + "/final.txt") == "B's edit\nmore\n" }
+        XCTAssertFalse(Posix.exists(a + "/draft.txt"))
+        XCTAssertEqual(ls(a), ["final.txt"], "no conflict copy: nobody else changed the content")
+        try unmount(at: second)
+        try unmount()
+    }
+
     func testKillingOneDaemonLeavesTheOtherServing() throws {
         try mount(extra: Self.longCache)
         try mountSecond()
