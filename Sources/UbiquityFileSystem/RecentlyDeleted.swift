@@ -220,7 +220,9 @@ extension UbiquityFileSystem {
                 guard ns.read({ state.trashed[ino] }) != nil else { throw FSError(ENOENT, "item \(ino) is not in Recently Deleted") }
                 doomed = [ino]
             } else {
-                doomed = trashItems(container: container).filter { before == nil || $0.deleted < before! }.map(\.ino)
+                // Oldest first: a folder `rm -rf` deleted goes after what was in it, so an
+                // emptying cut short leaves whole trees behind, restorable as they were.
+                doomed = trashItems(container: container).filter { before == nil || $0.deleted < before! }.reversed().map(\.ino)
             }
             var count = 0
             // One commit per item: a long emptying never holds the namespace for long.

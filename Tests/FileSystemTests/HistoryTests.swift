@@ -225,6 +225,27 @@ final class HistoryTests: XCTestCase {
         XCTAssertNotNil(three.unresolvedConflicts().first?.copy)
     }
 
+    /// A copy that failed while both writers run is made by the next collection of either.
+    func testAnOwedCopyIsMadeByTheHourlyCollection() throws {
+        (store.work as! MemoryWorkArea).setOtherWritersAlive(true)
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v2 from a"))
+        try two.put(hb, b("v2 from b"), at: 0)
+        plan.fail(.blobRead, errno: EIO)
+        try two.release(handle: hb)
+        plan.clearAll()
+        try one.catchUp()
+        XCTAssertEqual(one.unresolvedConflicts().map(\.copy), [nil])
+        try one.collectGarbage()
+        let name = try XCTUnwrap(try copyName(one))
+        assertBytes(try one.contents("SugoiApp/" + name), b("v2 from b"))
+        try two.catchUp()
+        try two.collectGarbage()
+        XCTAssertEqual(try two.names(docs).filter { $0.hasPrefix("Report (conflict") }.count, 1, "made once")
+    }
+
     func testTwoConflictsOfOneMinuteGetDistinctNames() throws {
         let f = try makeConflict()
         let hb = try two.open(f, flags: O_RDWR)

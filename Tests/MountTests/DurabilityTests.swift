@@ -78,6 +78,43 @@ final class DurabilityTests: MountTestCase {
         }
     }
 
+    /// A `kill -9` of the daemon while it empties Recently Deleted: what it deleted is gone
+    /// whole, what it had not reached is still there and still readable, and emptying again
+    /// finishes the job.
+    func testKillWhileEmptyingRecentlyDeleted() throws {
+        try mount()
+        let dir = docs("SugoiApp")
+        assertShell("mkdir -p \(shellQuote(dir))/tree && cd \(shellQuote(dir))/tree && for i in $(seq 1 1500); do echo \"content $i\" > f$i; done")
+        assertShell("rm -rf \(shellQuote(dir))/tree")
+        let done = DispatchSemaphore(value: 0)
+        let argv = [Self.binary, "trash", "empty", "--store", storeDir]
+        let env = environment
+        DispatchQueue.global().async {
+            _ = Command.run(argv, timeout: 120, environment: env)
+            done.signal()
+        }
+        // Kill once the emptying has begun (the store's own count of items, read beside it).
+        let count = "sqlite3 -readonly \(shellQuote(storeDir + "/metadata.sqlite3")) \"select count(*) from meta where key like 'deleted.%'\""
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline, (Int(sh(count).stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 1501) >= 1501 { usleep(20_000) }
+        try killDaemonHard()
+        XCTAssertEqual(done.wait(timeout: .now() + 60), .success, "the command returns when the daemon dies")
+        try mount()
+        let left = ubiquityfs(["trash", "list", "--store", storeDir]).lines.dropFirst()
+        XCTAssertTrue(left.count > 0 && left.count < 1501, "\(left.count) of 1501 items left: the kill did not land mid-way")
+        XCTAssertTrue(ubiquityfs(["trash", "restore", "SugoiApp/tree", "--store", storeDir]).succeeded || left.isEmpty,
+                      "the folder is the last item emptied")
+        // Whatever is left reads whole.
+        for name in ls(dir + "/tree") {
+            let n = Int(name.dropFirst()) ?? 0
+            XCTAssertEqual(Posix.readText(dir + "/tree/" + name), "content \(n)\n", name)
+        }
+        assertShell("rm -rf \(shellQuote(dir))/tree")
+        XCTAssertTrue(ubiquityfs(["trash", "empty", "--store", storeDir], timeout: 120).succeeded)
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+        try unmount()
+    }
+
     func testFusermountUnmountStopsTheDaemon() throws {
         try mount()
         XCTAssertEqual(Posix.writeFile(docs("Notes") + "/note.txt", "kept\n"), 0)
