@@ -175,6 +175,7 @@ extension Namespace {
         var seenNodes: Set<InodeNumber> = []
         var seenNames: Set<[UInt8]> = []   // parent (8 bytes, little endian) + name
         var seenContainers: Set<String> = []
+        var seenMeta: Set<String> = []
         func node(_ ino: InodeNumber) {
             guard seenNodes.insert(ino).inserted, nodes[ino] != nil else { return }
             out.append(.nodeAt(ino: ino, change: nodeChanges[ino] ?? 0))
@@ -200,7 +201,11 @@ extension Namespace {
                 if seenContainers.insert(c.identifier).inserted {
                     out.append(.containerRoot(identifier: c.identifier, root: containers[c.identifier]?.rootIno))
                 }
-            case .putXattr, .deleteXattr, .putVersion, .setMeta, .deleteMeta, .moveVersions, .deleteVersion:
+            case .setMeta(let key, _), .deleteMeta(let key):
+                // A record another writer may change at once (a conflict resolved there while a
+                // copy is made here): it must still be as this namespace read it.
+                if seenMeta.insert(key).inserted { out.append(.metaIs(key: key, value: meta[key])) }
+            case .putXattr, .deleteXattr, .putVersion, .moveVersions, .deleteVersion:
                 break   // rows of a node whose change is expected, or the writer's own
             }
         }

@@ -82,6 +82,8 @@ public enum Expectation: Sendable, Equatable, Codable {
     case nodeAt(ino: InodeNumber, change: ChangeSeq)
     /// Container `identifier` is registered with this root (nil: not registered).
     case containerRoot(identifier: String, root: InodeNumber?)
+    /// The model's `meta` key holds `value` (nil: it is absent).
+    case metaIs(key: String, value: String?)
 }
 
 /// One commit: its changes, what they assume, and who makes them.

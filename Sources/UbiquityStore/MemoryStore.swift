@@ -86,6 +86,7 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         case .nameIs(let parent, let name, let child): return s.dirents[DirentKey(parent: parent, name: name)] == child
         case .nodeAt(let ino, let change): return s.nodes[ino] != nil && s.nodeChanges[ino, default: 0] == change
         case .containerRoot(let identifier, let root): return s.containers[identifier]?.rootIno == root
+        case .metaIs(let key, let value): return s.meta[key] == value
         }
     }
 

@@ -514,6 +514,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             try run("SELECT root_ino FROM containers WHERE identifier = ?1",
                     bind: { b throws(StoreError) in try b.text(1, identifier) }, row: { r in found = r.uint(0) })
             holds = found == root
+        case .metaIs(let key, let value):
+            var found: String?
+            try run("SELECT value FROM meta WHERE key = ?1", bind: { b throws(StoreError) in try b.text(1, key) },
+                    row: { r in found = r.text(0) })
+            holds = found == value
         }
         if !holds { throw StoreError(.conflict, "\(path): expected \(e), which no longer holds") }
     }

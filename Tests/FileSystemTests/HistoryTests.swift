@@ -246,6 +246,26 @@ final class HistoryTests: XCTestCase {
         XCTAssertEqual(try two.names(docs).filter { $0.hasPrefix("Report (conflict") }.count, 1, "made once")
     }
 
+    /// A conflict resolved on one writer while the other, not yet aware, makes its owed copy: the
+    /// copy's commit expects the record as it read it, so it does not bring the conflict back.
+    func testAnOwedCopyDoesNotUndoAResolveElsewhere() throws {
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v2 from a"))
+        try two.put(hb, b("v2 from b"), at: 0)
+        plan.fail(.blobRead, errno: EIO)
+        try two.release(handle: hb)
+        plan.clearAll()
+        try one.catchUp()
+        _ = try one.resolve(f, keep: .current)          // two has not seen this
+        two.makeOwedConflictCopies()
+        XCTAssertEqual(two.unresolvedConflicts(), [])
+        XCTAssertNil(try copyName(two), "no copy of a resolved conflict")
+        try one.catchUp()
+        XCTAssertEqual(one.unresolvedConflicts(), [])
+    }
+
     func testTwoConflictsOfOneMinuteGetDistinctNames() throws {
         let f = try makeConflict()
         let hb = try two.open(f, flags: O_RDWR)

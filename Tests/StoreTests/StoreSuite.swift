@@ -201,7 +201,7 @@ enum StoreSuite {
         let name = Array("a".utf8)
         let first = try m.commit(Batch([.putNode(Sample.node(1, kind: .directory)), .putNode(Sample.node(2)),
                                         .putDirent(DirentRecord(parent: 1, name: name, child: 2)),
-                                        .putContainer(Sample.containerRecord(root: 1))],
+                                        .putContainer(Sample.containerRecord(root: 1)), .setMeta(key: "r", value: "1")],
                                        expecting: [.nameFree(parent: 1, name: name)], writer: "A"), durable: false)
         let before = try m.load()
         XCTAssertEqual(before.nodeChanges[2], first)
@@ -213,6 +213,9 @@ enum StoreSuite {
             .nodeAt(ino: 9, change: 0),
             .containerRoot(identifier: Sample.container, root: 5),
             .containerRoot(identifier: "iCloud.other", root: 1),
+            .metaIs(key: "r", value: "2"),
+            .metaIs(key: "r", value: nil),
+            .metaIs(key: "absent", value: "1"),
         ]
         for e in bad {
             XCTAssertThrowsError(try m.commit(Batch([.putNode(Sample.node(3)), .setMeta(key: "k", value: "v")],
@@ -228,7 +231,8 @@ enum StoreSuite {
         // The same batch with expectations that hold commits.
         let good: [Expectation] = [.nameIs(parent: 1, name: name, child: 2), .nameFree(parent: 1, name: Array("b".utf8)),
                                    .nodeAt(ino: 2, change: first), .containerRoot(identifier: Sample.container, root: 1),
-                                   .containerRoot(identifier: "iCloud.other", root: nil)]
+                                   .containerRoot(identifier: "iCloud.other", root: nil),
+                                   .metaIs(key: "r", value: "1"), .metaIs(key: "absent", value: nil)]
         let second = try m.commit(Batch([.putNode(Sample.node(2, size: 5))], expecting: good), durable: false)
         XCTAssertEqual(second, first + 1)
         XCTAssertEqual(try m.load().nodeChanges[2], second)
