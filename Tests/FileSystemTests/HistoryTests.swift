@@ -40,6 +40,20 @@ final class HistoryTests: XCTestCase {
         return f
     }
 
+    /// `makeConflict`, with the copy's making failing (its chunk cannot be read): owed.
+    @discardableResult
+    private func makeOwedConflict() throws -> UInt64 {
+        let f = try one.makeFile(docs, "Report.txt", b("v1"))
+        try two.catchUp()
+        let hb = try two.open(f, flags: O_RDWR)
+        try one.writeFile(f, b("v2 from a"))
+        try two.put(hb, b("v2 from b"), at: 0)
+        plan.fail(.blobRead, errno: EIO)
+        try two.release(handle: hb)
+        plan.clearAll()
+        return f
+    }
+
     private func copyName(_ fs: UbiquityFileSystem) throws -> String? {
         try fs.names(docs).first { $0.hasPrefix("Report (conflict from B ") }
     }
@@ -208,14 +222,7 @@ final class HistoryTests: XCTestCase {
     /// The daemon stops between recording the conflict and making its copy: the next start
     /// makes it.
     func testAnOwedCopyIsMadeAtTheNextStart() throws {
-        let f = try one.makeFile(docs, "Report.txt", b("v1"))
-        try two.catchUp()
-        let hb = try two.open(f, flags: O_RDWR)
-        try one.writeFile(f, b("v2 from a"))
-        try two.put(hb, b("v2 from b"), at: 0)
-        plan.fail(.blobRead, errno: EIO)
-        try two.release(handle: hb)
-        plan.clearAll()
+        try makeOwedConflict()
         XCTAssertNil(try copyName(two), "the copy could not be made")
         XCTAssertEqual(two.unresolvedConflicts().map(\.copy), [nil], "and is owed")
         two = nil
@@ -228,14 +235,7 @@ final class HistoryTests: XCTestCase {
     /// A copy that failed while both writers run is made by the next collection of either.
     func testAnOwedCopyIsMadeByTheHourlyCollection() throws {
         (store.work as! MemoryWorkArea).setOtherWritersAlive(true)
-        let f = try one.makeFile(docs, "Report.txt", b("v1"))
-        try two.catchUp()
-        let hb = try two.open(f, flags: O_RDWR)
-        try one.writeFile(f, b("v2 from a"))
-        try two.put(hb, b("v2 from b"), at: 0)
-        plan.fail(.blobRead, errno: EIO)
-        try two.release(handle: hb)
-        plan.clearAll()
+        try makeOwedConflict()
         try one.catchUp()
         XCTAssertEqual(one.unresolvedConflicts().map(\.copy), [nil])
         try one.collectGarbage()
@@ -249,14 +249,7 @@ final class HistoryTests: XCTestCase {
     /// A conflict resolved on one writer while the other, not yet aware, makes its owed copy: the
     /// copy's commit expects the record as it read it, so it does not bring the conflict back.
     func testAnOwedCopyDoesNotUndoAResolveElsewhere() throws {
-        let f = try one.makeFile(docs, "Report.txt", b("v1"))
-        try two.catchUp()
-        let hb = try two.open(f, flags: O_RDWR)
-        try one.writeFile(f, b("v2 from a"))
-        try two.put(hb, b("v2 from b"), at: 0)
-        plan.fail(.blobRead, errno: EIO)
-        try two.release(handle: hb)
-        plan.clearAll()
+        let f = try makeOwedConflict()
         try one.catchUp()
         _ = try one.resolve(f, keep: .current)          // two has not seen this
         two.makeOwedConflictCopies()
