@@ -17,7 +17,9 @@ import Foundation
 import UbiquityStore
 
 enum TrashNode: Hashable, Sendable {
-    case top, files, info
+    /// `expunged/` is where GVfs's trash moves an item to delete it for good: a move there is
+    /// that delete, and it is always empty.
+    case top, files, info, expunged
     /// The `.trashinfo` of a Recently Deleted item.
     case infoFile(InodeNumber)
     /// A file GIO made in `info/` (its exclusive claim, or the temporary file of its write).
@@ -33,6 +35,7 @@ enum TrashNode: Hashable, Sendable {
         case .top: return Self.base + 1
         case .files: return Self.base + 2
         case .info: return Self.base + 3
+        case .expunged: return Self.base + 4
         case .infoFile(let i): return Self.base | Self.infoBit | (i & Self.low)
         case .placeholder(let id): return Self.base | Self.placeholderBit | (id & Self.low)
         }
@@ -46,6 +49,7 @@ enum TrashNode: Hashable, Sendable {
             case Self.base + 1: self = .top
             case Self.base + 2: self = .files
             case Self.base + 3: self = .info
+            case Self.base + 4: self = .expunged
             default: return nil
             }
         case Self.base | Self.infoBit: self = .infoFile(ino & Self.low)
@@ -58,7 +62,10 @@ enum TrashNode: Hashable, Sendable {
 /// What GIO wrote in `info/`: name, bytes, time; per daemon, in memory (the info that counts is
 /// computed from Recently Deleted).
 final class TrashPlaceholders: @unchecked Sendable {
-    struct File { var name: [UInt8]; var bytes: [UInt8]; var mtime: Int64 }
+    /// `alias`: the item whose info this file now stands for (it was renamed over that info, or
+    /// was GIO's claim of it). The kernel may hold the name bound to this file's number, so it
+    /// stays, serving the computed info, until the item leaves.
+    struct File { var name: [UInt8]; var bytes: [UInt8]; var mtime: Int64; var alias: InodeNumber? = nil }
     private let lock = Lock()
     private var files: [UInt64: File] = [:]
     private var next: UInt64 = 1
@@ -74,11 +81,16 @@ final class TrashPlaceholders: @unchecked Sendable {
     func id(named name: [UInt8]) -> UInt64? { lock.withLock { files.first { $0.value.name == name }?.key } }
     func all() -> [(UInt64, File)] { lock.withLock { files.map { ($0.key, $0.value) } } }
     func remove(_ id: UInt64) { lock.withLock { _ = files.removeValue(forKey: id) } }
-    func rename(_ id: UInt64, to name: [UInt8]) {
+    func rename(_ id: UInt64, to name: [UInt8], alias: InodeNumber? = nil) {
         lock.withLock {
             for (other, f) in files where f.name == name && other != id { files[other] = nil }
             files[id]?.name = name
+            if let alias { files[id]?.alias = alias }
         }
+    }
+    /// Forget files standing for the info of items no longer in the trash.
+    func dropAliases(keeping items: Set<InodeNumber>) {
+        lock.withLock { files = files.filter { $0.value.alias.map(items.contains) ?? true } }
     }
     func update(_ id: UInt64, _ change: (inout File) -> Void) { lock.withLock { if files[id] != nil { change(&files[id]!) } } }
 
@@ -100,6 +112,7 @@ extension UbiquityFileSystem {
     var desktopTrashName: [UInt8] { Array(".Trash-\(ownerUID)".utf8) }
     private static let filesName = Array("files".utf8)
     private static let infoName = Array("info".utf8)
+    private static let expungedName = Array("expunged".utf8)
     private static let infoSuffix = Array(".trashinfo".utf8)
 
     /// Whether this view has the desktop trash (the drive view does).
@@ -152,8 +165,8 @@ extension UbiquityFileSystem {
                        blocks: UInt64(bytes + 511) / 512, atime: mtime, mtime: mtime, ctime: mtime, rdev: 0)
         }
         switch node {
-        case .top: return dir(node.ino, links: 4)
-        case .files, .info: return dir(node.ino, links: 2)
+        case .top: return dir(node.ino, links: 5)
+        case .files, .info, .expunged: return dir(node.ino, links: 2)
         case .infoFile(let i):
             return try ns.read {
                 guard let r = state.trashed[i] else { throw FSError.noEntry("no longer in the trash") }
@@ -161,6 +174,10 @@ extension UbiquityFileSystem {
             }
         case .placeholder(let id):
             guard let p = trashPlaceholders.get(id) else { throw FSError.noEntry("no such file") }
+            if let item = p.alias {
+                let a = try trashAttributes(.infoFile(item))
+                return file(node.ino, Int(a.size), a.mtime)
+            }
             return file(node.ino, p.bytes.count, p.mtime)
         }
     }
@@ -173,11 +190,15 @@ extension UbiquityFileSystem {
             if name == [0x2e, 0x2e] { return try getattr(Self.rootID) }
             if name == Self.filesName { return try trashAttributes(.files) }
             if name == Self.infoName { return try trashAttributes(.info) }
+            if name == Self.expungedName { return try trashAttributes(.expunged) }
             throw FSError.noEntry()
         case .files:
             if name == [0x2e, 0x2e] { return try trashAttributes(.top) }
             guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
             return try getattr(ino)
+        case .expunged:
+            if name == [0x2e, 0x2e] { return try trashAttributes(.top) }
+            throw FSError.noEntry()
         case .info:
             if name == [0x2e, 0x2e] { return try trashAttributes(.top) }
             if let id = trashPlaceholders.id(named: name) { return try trashAttributes(.placeholder(id)) }
@@ -201,6 +222,9 @@ extension UbiquityFileSystem {
             list.append(([0x2e, 0x2e], Self.rootID, .directory))
             list.append((Self.filesName, TrashNode.files.ino, .directory))
             list.append((Self.infoName, TrashNode.info.ino, .directory))
+            list.append((Self.expungedName, TrashNode.expunged.ino, .directory))
+        case .expunged:
+            list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
         case .files:
             list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
             ns.read {
@@ -217,7 +241,7 @@ extension UbiquityFileSystem {
                 seen.insert(info)
                 list.append((info, TrashNode.infoFile(ino).ino, .regular))
             }
-            for (id, p) in trashPlaceholders.all() where !seen.contains(p.name) {
+            for (id, p) in trashPlaceholders.all() where !seen.contains(p.name) && p.alias == nil {
                 list.append((p.name, TrashNode.placeholder(id).ino, .regular))
             }
         default:
@@ -230,7 +254,7 @@ extension UbiquityFileSystem {
     func trashMkdir(_ parent: UInt64, _ name: [UInt8]) throws -> Attributes? {
         if parent == Self.rootID, offersDesktopTrash, name == desktopTrashName { throw FSError(EEXIST, "the trash folder exists") }
         guard let dir = trashNode(parent) else { return nil }
-        if dir == .top, name == Self.filesName || name == Self.infoName { throw FSError(EEXIST, "exists") }
+        if dir == .top, name == Self.filesName || name == Self.infoName || name == Self.expungedName { throw FSError(EEXIST, "exists") }
         throw FSError(EPERM, "nothing else can be made in the trash folder")
     }
 
@@ -238,6 +262,7 @@ extension UbiquityFileSystem {
     func trashCreate(_ dir: TrashNode, _ name: [UInt8], flags: Int32) throws -> (Attributes, UInt64) {
         guard dir == .info else { throw FSError(EPERM, "only a move puts something in the trash") }
         try ViewPolicy.check(name: name)
+        trashPlaceholders.dropAliases(keeping: ns.read { Set(state.trashed.keys) })
         let existing = trashPlaceholders.id(named: name)
         if infoItem(named: name) != nil || (existing != nil && flags & O_EXCL != 0) { throw FSError(EEXIST, "exists") }
         let id = existing ?? trashPlaceholders.add(name)
@@ -258,7 +283,8 @@ extension UbiquityFileSystem {
         case .infoFile:
             if Self.mayWrite(flags) { throw FSError(EACCES, "computed from Recently Deleted") }
         case .placeholder(let id):
-            guard trashPlaceholders.get(id) != nil else { throw FSError.noEntry() }
+            guard let p = trashPlaceholders.get(id) else { throw FSError.noEntry() }
+            if p.alias != nil && Self.mayWrite(flags) { throw FSError(EACCES, "computed from Recently Deleted") }
             if flags & O_TRUNC != 0 { trashPlaceholders.update(id) { $0.bytes = [] } }
         default:
             throw FSError(EISDIR, "is a folder")
@@ -276,6 +302,7 @@ extension UbiquityFileSystem {
             }
         case .placeholder(let id):
             guard let p = trashPlaceholders.get(id) else { throw FSError.noEntry() }
+            if let item = p.alias { return try trashBytes(.infoFile(item)) }
             return p.bytes
         default:
             throw FSError(EISDIR, "is a folder")
@@ -296,10 +323,14 @@ extension UbiquityFileSystem {
 
     /// unlink or rmdir in the trash: in `files/` it deletes the item for good; in `info/` it
     /// drops a placeholder (an item's computed info goes with the item).
-    func trashRemove(_ dir: TrashNode, _ name: [UInt8]) throws {
+    func trashRemove(_ dir: TrashNode, _ name: [UInt8], directory: Bool) throws {
         switch dir {
         case .files:
             guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
+            let (kind, empty) = ns.read { (state.nodes[ino]?.kind, state.children[ino]?.isEmpty ?? true) }
+            if directory && kind != .directory { throw FSError.notDir() }
+            if !directory && kind == .directory { throw FSError(EISDIR, "is a folder") }
+            if directory && !empty { throw FSError(ENOTEMPTY, "folder is not empty") }
             try emptyTrash(ino)
             trashPlaceholders.noteLeft(name + Self.infoSuffix)
         case .info:
@@ -327,10 +358,20 @@ extension UbiquityFileSystem {
             if flags.contains(.noReplace), trashPlaceholders.id(named: newName) != nil || infoItem(named: newName) != nil {
                 throw FSError(EEXIST, "exists")
             }
-            if infoItem(named: newName) != nil { trashPlaceholders.remove(id) } else { trashPlaceholders.rename(id, to: newName) }
+            // Over an item's info: the file stands for that info from now on (the kernel binds
+            // the name to its number).
+            trashPlaceholders.rename(id, to: newName, alias: infoItem(named: newName))
         case (nil, .files?):
-            try moveToTrash(parent: parent, name: name, trashName: newName)
-            if let id = trashPlaceholders.id(named: newName + Self.infoSuffix) { trashPlaceholders.remove(id) }
+            let ino = try moveToTrash(parent: parent, name: name, trashName: newName)
+            // GIO's claim of the info name stands for the item's info.
+            if let id = trashPlaceholders.id(named: newName + Self.infoSuffix) {
+                trashPlaceholders.rename(id, to: newName + Self.infoSuffix, alias: ino)
+            }
+        case (.files?, .expunged?):
+            // GVfs's delete for good.
+            guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
+            try emptyTrash(ino)
+            trashPlaceholders.noteLeft(name + Self.infoSuffix)
         case (.files?, nil):
             guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
             try restoreFromTrash(ino, to: newParent, name: newName)
@@ -343,16 +384,19 @@ extension UbiquityFileSystem {
 
     /// Move `name` in `parent` (in a container's Documents) to Recently Deleted under
     /// `trashName`, folders with what is in them.
-    private func moveToTrash(parent: UInt64, name: [UInt8], trashName: [UInt8]) throws {
+    private func moveToTrash(parent: UInt64, name: [UInt8], trashName: [UInt8]) throws -> InodeNumber {
         try ViewPolicy.check(name: trashName)
         if ns.read({ trashNames().byName[trashName] }) != nil { throw FSError(EEXIST, "the trash has an item of that name") }
-        try mutate { s in
-            guard case .node(var p) = try target(parent), p.kind == .directory, p.nlink > 0, state.trashed[p.ino] == nil else {
-                throw FSError.noEntry()
-            }
+        return try mutate { s -> InodeNumber in
+            let t = try target(parent)
+            guard case .node(var p) = t else { throw FSError.readOnly("the mount root is read-only") }
+            guard p.kind == .directory, p.nlink > 0, !state.isInTrash(p.ino) else { throw FSError.noEntry() }
             guard let child = state.children[p.ino]?[name], var n = state.nodes[child], policy.visible(n, in: state) else {
                 throw FSError.noEntry()
             }
+            // One name of several is not the file: refusing lets the file manager offer to
+            // delete just that name.
+            if n.kind != .directory && n.nlink > 1 { throw FSError(EXDEV, "a file with other names stays; only this name can be deleted") }
             if name == documentsName, let c = state.containers[p.container], c.rootIno == p.ino {
                 throw FSError(EPERM, "a container's Documents folder cannot be trashed")
             }
@@ -364,6 +408,7 @@ extension UbiquityFileSystem {
             p.mtime = now
             p.ctime = now
             s.put(p)
+            return n.ino
         }
     }
 }

@@ -525,14 +525,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func unlink(parent: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
-            if let t = trashNode(parent) { return try trashRemove(t, name) }
+            if let t = trashNode(parent) { return try trashRemove(t, name, directory: false) }
             try remove(parent: parent, name: name, directory: false)
         }
     }
 
     public func rmdir(parent: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
-            if let t = trashNode(parent) { return try trashRemove(t, name) }
+            if let t = trashNode(parent) { return try trashRemove(t, name, directory: true) }
             try remove(parent: parent, name: name, directory: true)
         }
     }
@@ -708,6 +708,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try typed {
             if let t = trashNode(ino) {
                 // Only a placeholder's size changes (an O_TRUNC); times and modes stay as shown.
+                if case .infoFile = t, changes.size != nil { throw FSError(EACCES, "computed from Recently Deleted") }
                 if case .placeholder(let id) = t, let size = changes.size {
                     guard size <= 1 << 20 else { throw FSError(EFBIG, "trash info files are small") }
                     trashPlaceholders.update(id) { p in
@@ -781,6 +782,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             if name.count > 255 { throw FSError(ERANGE, "attribute name too long") }
             if value.count > 65536 { throw FSError(E2BIG, "attribute value too large") }
+            if trashNode(ino) != nil { throw FSError(EPERM, "the trash folder keeps no attributes") }
             if Self.statusAttributes.contains(name) {
                 // Computed, not stored: a write changes nothing and succeeds, so that `cp -a`,
                 // `cp --preserve=xattr` and `rsync -X` between mounts (whose versions and
@@ -835,6 +837,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func removexattr(_ ino: UInt64, name: [UInt8]) throws(FSError) {
         try typed {
+            if trashNode(ino) != nil { throw FSError(ENODATA, "no such attribute") }
             try mutate { s in
                 guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
                 guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine() }

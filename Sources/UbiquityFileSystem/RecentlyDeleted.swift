@@ -179,6 +179,7 @@ extension UbiquityFileSystem {
                     }
                     if let name, s.base.children[destination]?[name] != nil { throw FSError(EEXIST, "already exists") }
                     if let name { try ViewPolicy.check(name: name) }
+                    try policy.checkLevels(moving: n, into: f, in: s.base)
                 } else if s.node(target)?.kind != .directory || s.base.trashed[target] != nil
                     || policy.depth(of: target, in: c, s.base) == nil {
                     guard let docs = s.base.children[c.rootIno]?[documentsName] else { throw FSError(ENOENT, "the container has no Documents") }

@@ -113,6 +113,23 @@ final class DesktopTrashTests: XCTestCase {
         XCTAssertEqual(try fs.names(info), [])
     }
 
+    /// GVfs deletes for good by moving the item into expunged/; the info GIO wrote stays
+    /// readable under the number the kernel bound it to, and goes with the item.
+    func testGVfsDeletesThroughExpunged() throws {
+        let f = try fs.makeFile(docs, "Report.txt", b("report"))
+        try gioTrash(docs, "Report.txt")
+        let bound = try fs.lookup(parent: info, name: b("Report.txt.trashinfo"))
+        XCTAssertTrue(try infoText("Report.txt.trashinfo").contains("Path=SugoiApp/Report.txt"))
+        let expunged = try fs.lookup(parent: top, name: b("expunged")).ino
+        try fs.rename(parent: files, name: b("Report.txt"), newParent: expunged, newName: b("1"), flags: [])
+        assertErrno(ENOENT, try fs.getattr(f), "deleted for good")
+        XCTAssertEqual(try fs.names(expunged), [])
+        assertErrno(ENOENT, try fs.getattr(bound.ino), "its info went with it")
+        XCTAssertEqual(try fs.names(info), [])
+        try fs.makeFile(docs, "Report.txt", b("again"))
+        XCTAssertEqual(try gioTrash(docs, "Report.txt"), "Report.txt", "the name is free again")
+    }
+
     /// A folder goes whole (GIO renames it, contents and all); emptying deletes it bottom up.
     func testAFolderGoesWholeAndIsEmptiedBottomUp() throws {
         let d = try fs.mkdir(parent: docs, name: b("Project"), mode: 0o755, caller: owner).ino
@@ -125,6 +142,8 @@ final class DesktopTrashTests: XCTestCase {
         assertBytes(try fs.contents(try fs.lookup(parent: sub, name: b("main.c")).ino), b("int main;"))
         assertErrno(ENOENT, try fs.create(parent: sub, name: b("new"), mode: 0o644, flags: O_RDWR, caller: owner),
                     "nothing new goes into a deleted folder")
+        assertErrno(ENOTEMPTY, try fs.rmdir(parent: files, name: b("Project")), "rmdir is rmdir, even here")
+        assertErrno(EISDIR, try fs.unlink(parent: files, name: b("Project")))
         try fs.unlink(parent: sub, name: b("main.c"))
         try fs.rmdir(parent: d, name: b("src"))
         try fs.rmdir(parent: files, name: b("Project"))
@@ -140,6 +159,15 @@ final class DesktopTrashTests: XCTestCase {
         assertErrno(EPERM, try fs.mkdir(parent: top, name: b("other"), mode: 0o700, caller: owner))
         assertErrno(EPERM, try fs.create(parent: files, name: b("x"), mode: 0o644, flags: O_RDWR, caller: owner))
         assertErrno(EPERM, try fs.rmdir(parent: top, name: b("files")))
+        XCTAssertEqual(try fs.names(top), ["expunged", "files", "info"])
+        assertErrno(EEXIST, try fs.mkdir(parent: top, name: b("expunged"), mode: 0o700, caller: owner), "GVfs makes it")
+        // One name of a hard-linked file is not the file: the file manager may delete just it.
+        let f = try fs.makeFile(docs, "a", b("x"))
+        _ = try fs.link(f, newParent: docs, newName: b("b"))
+        assertErrno(EXDEV, try fs.rename(parent: docs, name: b("a"), newParent: files, newName: b("a"), flags: []))
+        // The container folders at the root are not the user's to trash.
+        assertErrno(EACCES, try fs.rename(parent: UbiquityFileSystem.rootID, name: b("TestDrive"), newParent: files,
+                                          newName: b("TestDrive"), flags: []))
         XCTAssertFalse(try fs.names(UbiquityFileSystem.rootID).contains(".Trash-\(getuid())"), "not listed: only GIO asks for it")
         // The app view has none.
         let app = try UbiquityFileSystem(store: makeMemoryStore(), containers: Sample.all, view: .app(bundleIdentifier: Sample.sugoi.bundleIdentifier))

@@ -109,7 +109,7 @@ final class ProgramsTests: MountTestCase {
         assertShell("mkdir -p \(shellQuote(dir))/Project/src && echo code > \(shellQuote(dir))/Project/src/main.c")
         assertShell("gio trash \(shellQuote(dir + "/My Report.txt")) \(shellQuote(dir + "/Project"))")
         XCTAssertEqual(ls(dir), [])
-        XCTAssertEqual(ls(trash), ["files", "info"])
+        XCTAssertEqual(ls(trash), ["expunged", "files", "info"])
         XCTAssertEqual(ls(trash + "/files"), ["My Report.txt", "Project"])
         XCTAssertEqual(ls(trash + "/info"), ["My Report.txt.trashinfo", "Project.trashinfo"])
         let info = Posix.readText(trash + "/info/My Report.txt.trashinfo") ?? ""
