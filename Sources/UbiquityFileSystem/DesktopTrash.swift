@@ -107,6 +107,20 @@ final class TrashPlaceholders: @unchecked Sendable {
     func takeLeft(_ name: [UInt8]) -> Bool { lock.withLock { left.removeValue(forKey: name) != nil } }
 }
 
+struct TrashNames: Sendable {
+    var byName: [[UInt8]: InodeNumber] = [:]
+    var byIno: [InodeNumber: [UInt8]] = [:]
+}
+
+/// The last `trashNames` worked out, and the namespace position it holds for.
+final class TrashNameCache: @unchecked Sendable {
+    private let lock = Lock()
+    private var seq: ChangeSeq = -1
+    private var names = TrashNames()
+    func get(at seq: ChangeSeq) -> TrashNames? { lock.withLock { self.seq == seq ? names : nil } }
+    func set(_ names: TrashNames, at seq: ChangeSeq) { lock.withLock { self.seq = seq; self.names = names } }
+}
+
 extension UbiquityFileSystem {
     /// `.Trash-<uid>` of the store's user (the daemon's).
     var desktopTrashName: [UInt8] { Array(".Trash-\(ownerUID)".utf8) }
@@ -124,23 +138,26 @@ extension UbiquityFileSystem {
     }
 
     /// Trash names of the Recently Deleted items of shown containers: the one GIO gave, else the
-    /// item's own name; `name.2.ext`, `name.3.ext`, … (GIO's rule) for later alike ones. Caller
-    /// holds ns.
-    func trashNames() -> (byName: [[UInt8]: InodeNumber], byIno: [InodeNumber: [UInt8]]) {
-        var byName: [[UInt8]: InodeNumber] = [:]
-        var byIno: [InodeNumber: [UInt8]] = [:]
+    /// item's own name; `name.2.ext`, `name.3.ext`, … (GIO's rule) for later alike ones. Worked
+    /// out once per namespace position (a listing looks up every entry). Caller holds ns.
+    func trashNames() -> TrashNames {
+        if let cached = trashNameCache.get(at: state.seq) { return cached }
+        var names = TrashNames()
+        var next: [[UInt8]: Int] = [:]
         let items = state.trashed.values.filter { r in
             state.nodes[r.ino].flatMap { state.containers[$0.container] }.map(policy.isShown) ?? false
         }.sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }
         for r in items {
             let wanted = r.trashName ?? r.name
             var name = wanted
-            var n = 2
-            while byName[name] != nil { name = gioUniqueName(wanted, n); n += 1 }
-            byName[name] = r.ino
-            byIno[r.ino] = name
+            var n = next[wanted] ?? 2
+            while names.byName[name] != nil { name = gioUniqueName(wanted, n); n += 1 }
+            next[wanted] = n
+            names.byName[name] = r.ino
+            names.byIno[r.ino] = name
         }
-        return (byName, byIno)
+        trashNameCache.set(names, at: state.seq)
+        return names
     }
 
     /// The `.trashinfo` text of item `r`. Caller holds ns.

@@ -107,6 +107,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         case trash(TrashNode, flags: Int32)
     }
     let trashPlaceholders = TrashPlaceholders()
+    let trashNameCache = TrashNameCache()
 
     /// Messages for the daemon's log (recovery, registration changes, failed background publishes).
     public var log: @Sendable (String) -> Void = { _ in }
