@@ -24,6 +24,8 @@ final class Namespace: @unchecked Sendable {
     private(set) var conflicts: [VersionID: Conflict] = [:]
     /// Items in Recently Deleted by node, kept from `meta` (see `TrashRecord`).
     private(set) var trashed: [InodeNumber: TrashRecord] = [:]
+    /// Their trash names (the desktop trash's `files/` entries), to choose a free one at a delete.
+    private(set) var trashNamesInUse: [[UInt8]: InodeNumber] = [:]
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
@@ -47,6 +49,7 @@ final class Namespace: @unchecked Sendable {
         meta = snapshot.meta
         conflicts = Conflict.all(in: meta)
         trashed = TrashRecord.all(in: meta)
+        for r in trashed.values { trashNamesInUse[r.trashName ?? r.name] = r.ino }
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
         seq = snapshot.seq
@@ -64,6 +67,7 @@ final class Namespace: @unchecked Sendable {
         meta = other.meta
         conflicts = other.conflicts
         trashed = other.trashed
+        trashNamesInUse = other.trashNamesInUse
         maxIno = other.maxIno
         maxVersion = other.maxVersion
         seq = other.seq
@@ -149,16 +153,26 @@ final class Namespace: @unchecked Sendable {
         case .setMeta(let key, let value):
             meta[key] = value
             Conflict.note(key: key, value: value, in: &conflicts)
-            TrashRecord.note(key: key, value: value, in: &trashed)
+            noteTrash(key: key, value: value)
         case .deleteMeta(let key):
             meta[key] = nil
             Conflict.note(key: key, value: nil, in: &conflicts)
-            TrashRecord.note(key: key, value: nil, in: &trashed)
+            noteTrash(key: key, value: nil)
         }
     }
 }
 
 extension Namespace {
+    /// Keep `trashed` and `trashNamesInUse` in step with one change of `meta`.
+    private func noteTrash(key: String, value: String?) {
+        guard key.hasPrefix(TrashRecord.prefix), let ino = InodeNumber(key.dropFirst(TrashRecord.prefix.count)) else { return }
+        if let old = trashed[ino], trashNamesInUse[old.trashName ?? old.name] == ino {
+            trashNamesInUse[old.trashName ?? old.name] = nil
+        }
+        TrashRecord.note(key: key, value: value, in: &trashed)
+        if let new = trashed[ino] { trashNamesInUse[new.trashName ?? new.name] = ino }
+    }
+
     /// The storage of each top-level table, to let tests check that a change is made in place
     /// (a copy on write gives a table new storage). A native Dictionary is one pointer to it.
     var storageIdentity: [UInt] {

@@ -114,7 +114,12 @@ extension UbiquityFileSystem {
         s.put(folder)
         n.ctime = now
         s.put(n)
-        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), trashName: trashName, writer: writerID)
+        // Its name in the desktop trash, chosen now, so that it never moves (`name.2.ext`, … if
+        // another item has it).
+        var chosen = trashName ?? name
+        var k = 2
+        while trashName == nil, s.base.trashNamesInUse[chosen] != nil, k < 100_000 { chosen = gioUniqueName(name, k); k += 1 }
+        let record = TrashRecord(ino: n.ino, parent: p.ino, name: name, deleted: clock(), trashName: chosen, writer: writerID)
         s.add(.setMeta(key: record.key, value: record.value))
         // A deleted conflict copy resolves its conflict (its content stays in the file's history).
         for conflict in s.base.conflicts.values where conflict.copy == n.ino { s.add(.deleteMeta(key: conflict.key)) }

@@ -151,6 +151,20 @@ final class DesktopTrashTests: XCTestCase {
         XCTAssertEqual(try fs.getattr(docs).nlink, 2)
     }
 
+    /// A trash name is chosen at the delete and never moves: restoring an older alike item leaves
+    /// the later one's name as it was, so a name a listing showed still means that item.
+    func testTrashNamesDoNotMove() throws {
+        let a = try fs.makeFile(docs, "x.txt", b("a"))
+        try fs.unlink(parent: docs, name: b("x.txt"))
+        let bIno = try fs.makeFile(docs, "x.txt", b("b"))
+        try fs.unlink(parent: docs, name: b("x.txt"))
+        XCTAssertEqual(try fs.names(files), ["x.2.txt", "x.txt"])
+        try fs.restoreFromTrash(a)
+        XCTAssertEqual(try fs.names(files), ["x.2.txt"])
+        XCTAssertEqual(try fs.lookup(parent: files, name: b("x.2.txt")).ino, bIno)
+        assertErrno(ENOENT, try fs.unlink(parent: files, name: b("x.txt")), "not the other item")
+    }
+
     func testNothingElseAtTheRoot() throws {
         assertErrno(ENOENT, try fs.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash-12345")), "another user's")
         assertErrno(ENOENT, try fs.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash")))
