@@ -202,6 +202,11 @@ extension UbiquityFileSystem {
                 // Records at or below the position were applied meanwhile (this writer's own commits
                 // catch up too); the rest follow on from it with no gap.
                 if trimmed { try catchUpLocked() } else { applyCommitted(records) }
+                let now = DispatchTime.now().uptimeNanoseconds
+                if laterInvalidations.contains(where: { $0.due <= now }) {
+                    pendingInvalidations += laterInvalidations.filter { $0.due <= now }.map(\.change)
+                    laterInvalidations.removeAll { $0.due <= now }
+                }
                 guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
                 defer { pendingInvalidations = []; pendingRebases = [] }
                 let open = docsLock.withLock { Set(docs.keys) }
@@ -217,6 +222,24 @@ extension UbiquityFileSystem {
             var seen: Set<KernelInvalidation> = []
             return all.filter { seen.insert($0).inserted }
         }
+    }
+
+    /// An item asked for under `asked` in `parent` landed as `placed`, because another writer
+    /// took `asked` first. The kernel is about to cache `asked` as this item (it is answered for
+    /// the name it asked), so both names are dropped from its cache once it has.
+    func placedBeside(parent: UInt64, asked: [UInt8], placed: [UInt8], what: String) {
+        log("\(what) \(String(decoding: asked, as: UTF8.self)) as \(String(decoding: placed, as: UTF8.self)): "
+            + "another device took the name first")
+        laterInvalidation(.entry(parent: parent, name: asked))
+        laterInvalidation(.entry(parent: parent, name: placed))
+        laterInvalidation(.node(parent))
+    }
+
+    /// Send `change` to the kernel from the change feed half a second from now: an invalidation
+    /// that corrects a reply must not reach the kernel before the reply itself has been applied.
+    func laterInvalidation(_ change: KernelInvalidation) {
+        let due = DispatchTime.now().uptimeNanoseconds + 500_000_000
+        commits.withLock { laterInvalidations.append((due, change)) }
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and

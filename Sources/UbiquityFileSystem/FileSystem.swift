@@ -81,6 +81,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Files whose current version another writer changed, for open documents to follow (done
     /// by the change feed, which holds no document lock: lock order is document, then commits).
     var pendingRebases: Set<InodeNumber> = []   // guarded by commits
+    /// Invalidations sent only once the kernel has applied the reply they correct (see
+    /// `laterInvalidation`), with the uptime they are due at.
+    var laterInvalidations: [(due: UInt64, change: KernelInvalidation)] = []   // guarded by commits
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
@@ -459,12 +462,19 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    private func createNode(parent: UInt64, name: [UInt8], kind: NodeKind, mode: UInt32, caller: Caller,
-                            rdev: UInt64, target: [UInt8]) throws -> Attributes {
-        try check(name: name)
-        return try mutate { s in
+    /// `sideBySide`: a name already taken gets the new file as `Name 2.ext` instead of `EEXIST`.
+    private func createNode(parent: UInt64, name asked: [UInt8], kind: NodeKind, mode: UInt32, caller: Caller,
+                            rdev: UInt64, target: [UInt8], sideBySide: Bool = false) throws -> Attributes {
+        try check(name: asked)
+        var placed = asked
+        let attrs = try mutate { s in
             var p = try writableDirectory(parent)
-            if state.children[p.ino]?[name] != nil { throw FSError(EEXIST, "already exists") }
+            var name = asked
+            if state.children[p.ino]?[name] != nil {
+                guard sideBySide else { throw FSError(EEXIST, "already exists") }
+                name = freeName(name) { state.children[p.ino]?[$0] != nil }
+            }
+            placed = name
             var owner = caller
             if p.mode & UInt32(S_ISGID) != 0 { owner.gid = p.gid }
             let ino = try s.newIno()
@@ -477,13 +487,21 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             s.put(p)
             return attributes(n, doc: nil)
         }
+        if placed != asked { placedBeside(parent: parent, asked: asked, placed: placed, what: "created") }
+        return attrs
     }
 
     /// Create and open a regular file. Returns its attributes and a file handle.
+    ///
+    /// The kernel asks to create only a name it believes free, so a taken name means another
+    /// writer (device, view) made it after this one last looked. Without `O_EXCL` the new file
+    /// lands beside it as `Name 2.ext`, as iCloud does, so neither device's file is lost; with
+    /// `O_EXCL` the caller gets `EEXIST`, because lock files and `mkstemp` rely on it.
     public func create(parent: UInt64, name: [UInt8], mode: UInt32, flags: Int32, caller: Caller) throws(FSError) -> (Attributes, UInt64) {
         try typed {
             if let t = trashNode(parent) { return try trashCreate(t, name, flags: flags) }
-            let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [])
+            let attrs = try createNode(parent: parent, name: name, kind: .regular, mode: mode, caller: caller, rdev: 0, target: [],
+                                       sideBySide: flags & O_EXCL == 0)
             let handle = try open(attrs.ino, flags: flags & ~O_TRUNC)
             return (attrs, handle)
         }
@@ -610,6 +628,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if flags.contains(.noReplace) && flags.contains(.exchange) { throw FSError(EINVAL, "RENAME_NOREPLACE with RENAME_EXCHANGE") }
             if flags.rawValue & ~3 != 0 { throw FSError(EINVAL, "unsupported rename flags") }
             if try trashRename(parent: parent, name: name, newParent: newParent, newName: newName, flags: flags) { return }
+            // A target name that was free when this rename was first staged but is taken once it
+            // caught up with another writer was made by that writer meanwhile: the moved item
+            // lands beside it as `Name 2.ext` rather than replacing what this caller never saw.
+            var targetWasFree: Bool?
+            var placed = newName
             try mutate { s in
                 let from = try writableDirectory(parent)
                 let to = try writableDirectory(newParent)
@@ -618,6 +641,13 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 }
                 if from.container != to.container { throw FSError(EXDEV, "cannot move between containers") }
                 try protectDocuments(parent: from, name: name)
+                var newName = newName
+                let taken = state.children[to.ino]?[newName]
+                if targetWasFree == nil { targetWasFree = taken == nil }
+                if targetWasFree == true, let t = taken, t != srcIno, !flags.contains(.noReplace), !flags.contains(.exchange) {
+                    newName = freeName(newName) { state.children[to.ino]?[$0] != nil }
+                }
+                placed = newName
                 let dstIno = state.children[to.ino]?[newName]
                 var dst = dstIno.flatMap { state.nodes[$0] }
                 if let d = dst, !visible(d) { throw FSError(EEXIST, "a folder the app made, hidden at this level, has that name") }
@@ -690,6 +720,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     p.ctime = now
                     s.put(p)
                 }
+            }
+            if placed != newName {
+                placedBeside(parent: newParent, asked: newName, placed: placed, what: "moved")
+                laterInvalidation(.entry(parent: parent, name: name))
             }
         }
     }

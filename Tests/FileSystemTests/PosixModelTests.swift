@@ -60,7 +60,7 @@ final class PosixModelTests: XCTestCase {
         assertBytes(try fs.contents(attrs.ino), b("HELLO WORLD!"))
         XCTAssertEqual(try fs.getattr(attrs.ino).size, 12)
 
-        assertErrno(EEXIST, try fs.create(parent: docs, name: b("a.txt"), mode: 0o644, flags: O_RDWR, caller: owner),
+        assertErrno(EEXIST, try fs.create(parent: docs, name: b("a.txt"), mode: 0o644, flags: O_RDWR | O_CREAT | O_EXCL, caller: owner),
                     "create over an existing name")
         let ro = try fs.open(attrs.ino, flags: O_RDONLY)
         assertErrno(EBADF, try b("x").withUnsafeBytes { try fs.write(handle: ro, offset: 0, bytes: $0) }, "write on O_RDONLY")

@@ -594,7 +594,7 @@ final class ReferenceRun {
             switch op {
             case .create(let p):
                 let (parent, name) = try walkParent(p)
-                let (_, h) = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_RDWR | O_CREAT, caller: owner)
+                let (_, h) = try fs.create(parent: parent, name: name, mode: 0o644, flags: O_RDWR | O_CREAT | O_EXCL, caller: owner)
                 try fs.release(handle: h)
                 return .ok
             case .write(let p, let offset, let bytes):

@@ -113,16 +113,78 @@ final class SeveralWritersTests: XCTestCase {
         XCTAssertEqual(try tree(one), try tree(two))
     }
 
-    func testTheSameNameMadeByBothGetsEEXISTOnTheSecond() throws {
+    func testTheSameNewNameMadeByBothPutsTheSecondBesideAsName2() throws {
+        let docs = try one.ino("SugoiApp")
+        let mine = try one.makeFile(docs, "Report.txt", b("from a"))
+        // b has not seen it: its create conflicts, it catches up, and the name is taken.
+        let (attrs, h) = try two.create(parent: docs, name: b("Report.txt"), mode: 0o644, flags: O_RDWR | O_CREAT | O_TRUNC, caller: owner)
+        XCTAssertNotEqual(attrs.ino, mine)
+        try two.put(h, b("from b"), at: 0)
+        try two.release(handle: h)
+        assertBytes(try two.contents("SugoiApp/Report.txt"), b("from a"), "a's file is untouched")
+        assertBytes(try two.contents("SugoiApp/Report 2.txt"), b("from b"))
+        XCTAssertEqual(try two.ino("SugoiApp/Report 2.txt"), attrs.ino)
+        try one.catchUp()
+        XCTAssertEqual(try tree(one), try tree(two))
+        // A third goes to `Name 3`; names without an extension and dot files too.
+        _ = try one.makeFile(docs, "notes", b("a"))
+        _ = try one.makeFile(docs, ".hidden", b("a"))
+        for name in ["Report.txt", "notes", ".hidden"] {
+            let (_, h) = try two.create(parent: docs, name: b(name), mode: 0o644, flags: O_RDWR | O_CREAT, caller: owner)
+            try two.release(handle: h)
+        }
+        XCTAssertEqual(Set(try two.names(docs)), ["Report.txt", "Report 2.txt", "Report 3.txt", "notes", "notes 2", ".hidden", ".hidden 2"])
+
+        // The kernel was answered for the name it asked: it is told to drop both names, once
+        // it has applied the answer.
+        _ = try two.catchUp()   // what `one` changed
+        XCTAssertTrue(two.laterInvalidations.contains { $0.change == .entry(parent: docs, name: b("Report 3.txt")) }, "not at once")
+        two.laterInvalidations = two.laterInvalidations.map { (0, $0.change) }
+        let later = try two.catchUp()
+        for name in ["Report.txt", "Report 3.txt", "notes", "notes 2"] {
+            XCTAssertTrue(later.contains(.entry(parent: docs, name: b(name))), "\(name) in \(later)")
+        }
+        XCTAssertEqual(try two.catchUp(), [], "sent once")
+    }
+
+    func testExclusiveCreatesAndOtherMakersStillGetEEXIST() throws {
         let docs = try one.ino("SugoiApp")
         let mine = try one.makeFile(docs, "x.txt", b("from a"))
-        // b has not seen it: its create conflicts, it catches up, and the name is taken.
-        assertErrno(EEXIST, try two.create(parent: docs, name: b("x.txt"), mode: 0o644, flags: O_RDWR, caller: owner),
-                    "create of a name the other writer just made")
+        // Lock files and mkstemp depend on O_EXCL failing.
+        assertErrno(EEXIST, try two.create(parent: docs, name: b("x.txt"), mode: 0o644, flags: O_RDWR | O_CREAT | O_EXCL, caller: owner),
+                    "exclusive create of a name the other writer just made")
         assertBytes(try two.contents("SugoiApp/x.txt"), b("from a"))
         XCTAssertEqual(try two.ino("SugoiApp/x.txt"), mine)
         _ = try one.mkdir(parent: docs, name: b("dir"), mode: 0o755, caller: owner)
         assertErrno(EEXIST, try two.mkdir(parent: docs, name: b("dir"), mode: 0o755, caller: owner), "mkdir")
+        _ = try one.mknod(parent: docs, name: b("fifo"), mode: UInt32(S_IFIFO) | 0o644, rdev: 0, caller: owner)
+        assertErrno(EEXIST, try two.mknod(parent: docs, name: b("fifo"), mode: UInt32(S_IFREG) | 0o644, rdev: 0, caller: owner), "mknod")
+        _ = try one.symlink(parent: docs, name: b("link"), target: b("x.txt"), caller: owner)
+        assertErrno(EEXIST, try two.symlink(parent: docs, name: b("link"), target: b("y"), caller: owner), "symlink")
+        XCTAssertEqual(try two.names(docs).count, 4)
+    }
+
+    func testARenameOntoANameTheOtherJustTookLandsBeside() throws {
+        let docs = try one.ino("SugoiApp")
+        // b saves a new document the way GIO does: a temporary file renamed onto the name.
+        try two.makeFile(docs, ".goutputstream-1", b("from b"))
+        try two.makeFile(docs, ".goutputstream-2", b("b again"))
+        try two.makeFile(docs, "old.txt", b("old"))
+        try one.catchUp()
+        try one.makeFile(docs, "Report.txt", b("from a"))
+        try two.rename(parent: docs, name: b(".goutputstream-1"), newParent: docs, newName: b("Report.txt"), flags: [])
+        assertBytes(try two.contents("SugoiApp/Report.txt"), b("from a"))
+        assertBytes(try two.contents("SugoiApp/Report 2.txt"), b("from b"))
+        // Once b has seen the file, a rename onto it replaces it as POSIX says (its history
+        // goes on in the new file).
+        try two.rename(parent: docs, name: b(".goutputstream-2"), newParent: docs, newName: b("Report.txt"), flags: [])
+        assertBytes(try two.contents("SugoiApp/Report.txt"), b("b again"))
+        // RENAME_NOREPLACE still refuses a name the other just took.
+        try one.makeFile(docs, "new.txt", b("a"))
+        assertErrno(EEXIST, try two.rename(parent: docs, name: b("old.txt"), newParent: docs, newName: b("new.txt"), flags: .noReplace))
+        try one.catchUp()
+        XCTAssertEqual(try tree(one), try tree(two))
+        XCTAssertEqual(Set(try one.names(docs)), ["Report.txt", "Report 2.txt", "old.txt", "new.txt"])
     }
 
     func testRacesGiveTheErrnoOfALocalRace() throws {

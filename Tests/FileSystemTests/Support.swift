@@ -97,7 +97,7 @@ extension UbiquityFileSystem {
     @discardableResult
     func makeFile(_ parent: UInt64, _ name: String, _ bytes: [UInt8] = [], mode: UInt32 = 0o644,
                   caller: Caller = owner) throws -> UInt64 {
-        let (attrs, h) = try create(parent: parent, name: b(name), mode: mode, flags: O_RDWR | O_CREAT, caller: caller)
+        let (attrs, h) = try create(parent: parent, name: b(name), mode: mode, flags: O_RDWR | O_CREAT | O_EXCL, caller: caller)
         if !bytes.isEmpty { try put(h, bytes, at: 0) }
         try release(handle: h)
         return attrs.ino

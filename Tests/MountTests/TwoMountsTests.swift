@@ -1,6 +1,6 @@
 // Two daemons on one store at once, as two devices: a drive view and an app view (or two drive
 // views) of the same containers. A change through either shows through the other without a
-// remount, a race on one name gives the loser EEXIST, and a kill -9 of one leaves the other
+// remount, an exclusive race on one name gives the loser EEXIST (a plain one puts the second beside as `Name 2.ext`), and a kill -9 of one leaves the other
 // serving.
 
 import Foundation
@@ -180,7 +180,12 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
-    func testTheSameNewNameOnBothGivesEEXISTToOne() throws {
+    /// Exclusive creates of one name from both: one gets EEXIST. Plain creates from both, each
+    /// mount's writer racing the other's change feed: no error, and each name ends as one file
+    /// (the second opened the first's) or two (the second, made before its mount had seen the
+    /// first, lands beside it as `Name 2.ext`) or a file and a conflict copy (both wrote the one
+    /// file at once), each with one writer's content.
+    func testTheSameNewNameOnBoth() throws {
         try mount(extra: Self.longCache)
         try mountSecond()
         let a = docs("Notes"), b = second + "/Notes"
@@ -195,6 +200,36 @@ final class TwoMountsTests: MountTestCase {
         assertSucceeds("mkdir on A") { mkdir(a + "/Folder", 0o755) }
         eventually("the folder on B") { Posix.exists(b + "/Folder") }
         assertErrno(EEXIST, "mkdir of the same folder on B") { mkdir(b + "/Folder", 0o755) }
+
+        let writer = """
+            import os, sys
+            for i in range(40):
+                try:
+                    fd = os.open(os.path.join(sys.argv[1], "n%d.txt" % i), os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+                    os.write(fd, sys.argv[2].encode()); os.close(fd)
+                except OSError as e:
+                    print("%s: n%d.txt: %s" % (sys.argv[2], i, e))
+            """
+        let errors = assertShell("""
+            python3 -c \(shellQuote(writer)) \(shellQuote(a + "/Folder")) A &
+            python3 -c \(shellQuote(writer)) \(shellQuote(b + "/Folder")) B &
+            wait
+            """).stdout
+        XCTAssertEqual(errors, "", "no create failed")
+        var beside = 0, conflicts = 0
+        eventually("both mounts list the same") { ls(a + "/Folder") == ls(b + "/Folder") }
+        let names = ls(b + "/Folder")
+        for i in 0..<40 {
+            // Or one file that both wrote at once: the second publish is a conflict copy.
+            let group = names.filter { $0 == "n\(i).txt" || $0 == "n\(i) 2.txt" || $0.hasPrefix("n\(i) (conflict from ") }
+            XCTAssertTrue(group.contains("n\(i).txt"), "n\(i).txt")
+            let contents = group.map { Posix.readText(a + "/Folder/" + $0) ?? "unreadable" }
+            XCTAssertTrue(Set(contents).isSubset(of: ["A", "B"]) && Set(contents).count == contents.count, "\(group): \(contents)")
+            if group.contains("n\(i) 2.txt") { beside += 1 }
+            if group.contains(where: { $0.contains("(conflict from ") }) { conflicts += 1 }
+        }
+        XCTAssertEqual(names.count, 40 + beside + conflicts, "nothing else: \(names)")
+        print("same new names from both mounts: \(beside) of 40 landed beside as Name 2, \(conflicts) as conflict copies")
         try unmount(at: second)
         try unmount()
     }
