@@ -144,7 +144,9 @@ extension UbiquityFileSystem {
                         }
                     }
                 }
+                let trashBefore = trashedItems(touchedBy: r.mutations)
                 applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)
+                if !trashBefore.isEmpty { pendingInvalidations += trashInvalidations(before: trashBefore) }
                 guard remote else { continue }
                 for m in r.mutations {
                     if case .putNode(let n) = m { pendingRebases.insert(n.ino) }

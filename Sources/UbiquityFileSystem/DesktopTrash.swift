@@ -69,9 +69,13 @@ final class TrashPlaceholders: @unchecked Sendable {
     private let lock = Lock()
     private var files: [UInt64: File] = [:]
     private var next: UInt64 = 1
+    private var changed: Int64 = 0
+    /// When a file here was last made, renamed or removed (info/'s mtime).
+    var changedAt: Int64 { lock.withLock { changed } }
 
     func add(_ name: [UInt8]) -> UInt64 {
         lock.withLock {
+            changed = nowNanoseconds()
             defer { next += 1 }
             files[next] = File(name: name, bytes: [], mtime: nowNanoseconds())
             return next
@@ -80,9 +84,10 @@ final class TrashPlaceholders: @unchecked Sendable {
     func get(_ id: UInt64) -> File? { lock.withLock { files[id] } }
     func id(named name: [UInt8]) -> UInt64? { lock.withLock { files.first { $0.value.name == name }?.key } }
     func all() -> [(UInt64, File)] { lock.withLock { files.map { ($0.key, $0.value) } } }
-    func remove(_ id: UInt64) { lock.withLock { _ = files.removeValue(forKey: id) } }
+    func remove(_ id: UInt64) { lock.withLock { changed = nowNanoseconds(); _ = files.removeValue(forKey: id) } }
     func rename(_ id: UInt64, to name: [UInt8], alias: InodeNumber? = nil) {
         lock.withLock {
+            changed = nowNanoseconds()
             for (other, f) in files where f.name == name && other != id { files[other] = nil }
             files[id]?.name = name
             if let alias { files[id]?.alias = alias }
@@ -172,10 +177,46 @@ extension UbiquityFileSystem {
         return Array("[Trash Info]\nPath=\(path)\nDeletionDate=\(when)\n".utf8)
     }
 
+    /// The Recently Deleted items `mutations` put in or take out, with their records before
+    /// (nil: not yet in). Caller holds ns.
+    func trashedItems(touchedBy mutations: [Mutation]) -> [InodeNumber: TrashRecord?] {
+        guard offersDesktopTrash else { return [:] }
+        var out: [InodeNumber: TrashRecord?] = [:]
+        for m in mutations {
+            let key: String
+            switch m {
+            case .setMeta(let k, _): key = k
+            case .deleteMeta(let k): key = k
+            default: continue
+            }
+            guard key.hasPrefix(TrashRecord.prefix), let ino = InodeNumber(key.dropFirst(TrashRecord.prefix.count)),
+                  out[ino] == nil else { continue }
+            out[ino] = .some(state.trashed[ino])
+        }
+        return out
+    }
+
+    /// What the kernel may hold of the desktop trash that changed with these items (deleted or
+    /// restored anywhere: a plain `rm`, the CLI, another device): the folders' attributes and
+    /// listings, and the items' names before and after. Caller holds ns, after the change.
+    func trashInvalidations(before: [InodeNumber: TrashRecord?]) -> [KernelInvalidation] {
+        var out: [KernelInvalidation] = [.node(TrashNode.files.ino), .node(TrashNode.info.ino)]
+        for (ino, old) in before {
+            for r in [old, state.trashed[ino]].compactMap({ $0 }) {
+                let name = r.trashName ?? r.name
+                out.append(.entry(parent: TrashNode.files.ino, name: name))
+                out.append(.entry(parent: TrashNode.info.ino, name: name + Self.infoSuffix))
+            }
+            out.append(.node(TrashNode.infoFile(ino).ino))
+        }
+        return out
+    }
+
     func trashAttributes(_ node: TrashNode) throws -> Attributes {
-        func dir(_ ino: UInt64, links: UInt32) -> Attributes {
-            Attributes(ino: ino, mode: UInt32(S_IFDIR) | 0o700, nlink: links, uid: ownerUID, gid: ownerGID, size: 4096,
-                       blocks: 8, atime: mountTime, mtime: mountTime, ctime: mountTime, rdev: 0)
+        func dir(_ ino: UInt64, links: UInt32, changed: Int64 = 0) -> Attributes {
+            let t = max(mountTime, changed)
+            return Attributes(ino: ino, mode: UInt32(S_IFDIR) | 0o700, nlink: links, uid: ownerUID, gid: ownerGID, size: 4096,
+                              blocks: 8, atime: t, mtime: t, ctime: t, rdev: 0)
         }
         func file(_ ino: UInt64, _ bytes: Int, _ mtime: Int64) -> Attributes {
             Attributes(ino: ino, mode: UInt32(S_IFREG) | 0o600, nlink: 1, uid: ownerUID, gid: ownerGID, size: UInt64(bytes),
@@ -183,7 +224,10 @@ extension UbiquityFileSystem {
         }
         switch node {
         case .top: return dir(node.ino, links: 5)
-        case .files, .info, .expunged: return dir(node.ino, links: 2)
+        // GVfs lists files/ again only when its mtime moved.
+        case .files: return dir(node.ino, links: 2, changed: ns.read { state.trashChangedAt })
+        case .info: return dir(node.ino, links: 2, changed: max(ns.read { state.trashChangedAt }, trashPlaceholders.changedAt))
+        case .expunged: return dir(node.ino, links: 2)
         case .infoFile(let i):
             return try ns.read {
                 guard let r = state.trashed[i] else { throw FSError.noEntry("no longer in the trash") }

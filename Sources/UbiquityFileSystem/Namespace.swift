@@ -26,6 +26,10 @@ final class Namespace: @unchecked Sendable {
     private(set) var trashed: [InodeNumber: TrashRecord] = [:]
     /// Their trash names (the desktop trash's `files/` entries), to choose a free one at a delete.
     private(set) var trashNamesInUse: [[UInt8]: InodeNumber] = [:]
+    /// When an item last came into or left Recently Deleted here (wall clock at apply): the
+    /// desktop trash's folders carry it as their mtime, which GVfs compares to know it must
+    /// list them again.
+    private(set) var trashChangedAt: Int64 = 0
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
@@ -171,6 +175,7 @@ extension Namespace {
         }
         TrashRecord.note(key: key, value: value, in: &trashed)
         if let new = trashed[ino] { trashNamesInUse[new.trashName ?? new.name] = ino }
+        trashChangedAt = nowNanoseconds()
     }
 
     /// The storage of each top-level table, to let tests check that a change is made in place

@@ -165,6 +165,30 @@ final class DesktopTrashTests: XCTestCase {
         assertErrno(ENOENT, try fs.unlink(parent: files, name: b("x.txt")), "not the other item")
     }
 
+    /// However an item comes or goes (a plain unlink, the CLI's restore), files/ and info/ get a
+    /// new mtime (GVfs lists them again only then) and the kernel is told to drop what it holds.
+    func testTheTrashFoldersChangeWithRecentlyDeleted() throws {
+        _ = try fs.catchUp()
+        let before = try fs.getattr(files).mtime
+        try fs.makeFile(docs, "gone.txt", b("x"))
+        _ = try fs.catchUp()
+        tick()
+        try fs.unlink(parent: docs, name: b("gone.txt"))
+        let afterDelete = try fs.getattr(files).mtime
+        XCTAssertGreaterThan(afterDelete, before)
+        XCTAssertEqual(try fs.getattr(info).mtime, afterDelete)
+        let told = try fs.catchUp()
+        for expected: KernelInvalidation in [.node(files), .node(info), .entry(parent: files, name: b("gone.txt")),
+                                             .entry(parent: info, name: b("gone.txt.trashinfo"))] {
+            XCTAssertTrue(told.contains(expected), "\(expected) in \(told)")
+        }
+        tick()
+        let item = try fs.trashItems(container: nil).first!
+        _ = try fs.restoreFromTrash(item.ino)
+        XCTAssertGreaterThan(try fs.getattr(files).mtime, afterDelete)
+        XCTAssertTrue(try fs.catchUp().contains(.entry(parent: files, name: b("gone.txt"))))
+    }
+
     func testNothingElseAtTheRoot() throws {
         assertErrno(ENOENT, try fs.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash-12345")), "another user's")
         assertErrno(ENOENT, try fs.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash")))

@@ -128,6 +128,43 @@ final class ProgramsTests: MountTestCase {
         XCTAssertFalse(ls(mountPoint).contains(".Trash-\(getuid())"))
     }
 
+    /// GVfs's `trash://` (what a file manager's Trash view shows), on one D-Bus session, so one
+    /// GVfs trash daemon watches throughout: it lists items trashed after it started, and items
+    /// deleted with a plain `rm` (it lists `files/` again only when that folder's mtime moved);
+    /// its Restore puts an item back; emptying it empties Recently Deleted.
+    func testGVfsTrashListsRestoresAndEmpties() throws {
+        try mount(extra: ["--cache-seconds", "600"])
+        for name in ["a.txt", "b.txt", "c.txt"] { XCTAssertEqual(Posix.writeFile(dir + "/" + name, "\(name)\n"), 0) }
+        let q = { (name: String) in shellQuote(self.dir + "/" + name) }
+        let r = assertShell("""
+            dbus-run-session -- sh -c '
+                echo "before:"; gio trash --list
+                gio trash \(q("a.txt")); rm \(q("b.txt"))
+                echo "trashed:"; gio trash --list | sort
+                gio trash --restore "$(gio trash --list | grep /a.txt | cut -f1)"
+                echo "restored:"; gio trash --list
+                gio trash \(q("c.txt")); gio trash --empty
+                echo "emptied:"; gio trash --list' 2>/dev/null
+            """, timeout: 120)
+        let root = URL(fileURLWithPath: mountPoint).standardizedFileURL.path
+        let uri = { (name: String) in
+            "trash:///" + (root + "/.Trash-\(getuid())/files/" + name).replacingOccurrences(of: "/", with: "%5C")
+        }
+        XCTAssertEqual(r.stdout, """
+            before:
+            trashed:
+            \(uri("a.txt"))\t\(dir)/a.txt
+            \(uri("b.txt"))\t\(dir)/b.txt
+            restored:
+            \(uri("b.txt"))\t\(dir)/b.txt
+            emptied:
+
+            """)
+        XCTAssertEqual(Posix.readText(dir + "/a.txt"), "a.txt\n", "restored")
+        XCTAssertEqual(ls(dir), ["a.txt"])
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+    }
+
     func testTarRoundTrip() throws {
         try mount()
         let source = scratchDir + "/tree"
