@@ -207,8 +207,10 @@ extension UbiquityFileSystem {
                 pendingInvalidations.append(.node(target))
                 pendingInvalidations.append(.node(ino))
             }
-            // What was deleted from a folder comes back with it.
-            for child in ns.read({ state.trashed.values.filter { $0.parent == ino }.map(\.ino) }) where destination == nil {
+            // What was deleted from a folder comes back with it, newest first: of two deleted
+            // under one name, the later keeps the name.
+            let children = ns.read { state.trashed.values.filter { $0.parent == ino }.sorted { ($0.deleted, $0.ino) > ($1.deleted, $1.ino) } }
+            for child in children.map(\.ino) where destination == nil {
                 _ = try restoreFromTrash(child)
             }
             return displayPath(of: ino) ?? "inode \(ino)"

@@ -46,7 +46,12 @@ struct SplitMix64 {
 
 /// The reference: paths relative to Documents ("" is Documents), folders and files by id.
 struct ReferenceModel {
-    enum Node: Equatable { case dir, file(Int) }
+    /// Folders have ids too: what a folder brings back from Recently Deleted depends on which
+    /// folder it is (Documents is folder 0).
+    enum Node: Equatable {
+        case dir(Int), file(Int)
+        var isDir: Bool { if case .dir = self { return true } else { return false } }
+    }
     var nodes: [String: Node] = [:]
     var files: [Int: [UInt8]] = [:]
     /// What each file's content was at its last publish (what a crash falls back to).
@@ -62,16 +67,16 @@ struct ReferenceModel {
     static func join(_ a: String, _ b: String) -> String { a.isEmpty ? b : a + "/" + b }
     static func isWithin(_ p: String, _ root: String) -> Bool { p == root || p.hasPrefix(root + "/") }
 
-    func node(_ p: String) -> Node? { p.isEmpty ? .dir : nodes[p] }
+    func node(_ p: String) -> Node? { p.isEmpty ? .dir(0) : nodes[p] }
     var sortedPaths: [String] { nodes.keys.sorted() }
-    var folders: [String] { [""] + sortedPaths.filter { nodes[$0] == .dir } }
+    var folders: [String] { [""] + sortedPaths.filter { nodes[$0].isDir } }
 
     /// errno of walking (lookup by lookup) to the parent of `p`; nil if the walk succeeds (the
     /// parent may still be a file).
     func walkError(_ p: String) -> Int32? {
         var cur = ""
         for c in Self.parts(p).dropLast() {
-            guard node(cur) == .dir else { return ENOTDIR }
+            guard node(cur).isDir else { return ENOTDIR }
             cur = Self.join(cur, c)
             guard node(cur) != nil else { return ENOENT }
         }
@@ -81,7 +86,7 @@ struct ReferenceModel {
     /// errno of resolving `p` itself.
     func resolveError(_ p: String) -> Int32? {
         if let e = walkError(p) { return e }
-        if node(Self.parent(p)) != .dir { return ENOTDIR }
+        if !node(Self.parent(p)).isDir { return ENOTDIR }
         return node(p) == nil ? ENOENT : nil
     }
 
@@ -90,7 +95,7 @@ struct ReferenceModel {
     }
     func subtree(_ p: String) -> [String] { nodes.keys.filter { Self.isWithin($0, p) } }
     func height(_ dir: String) -> Int {
-        subtree(dir).filter { nodes[$0] == .dir }.map { Self.depth($0) - Self.depth(dir) }.max() ?? 0
+        subtree(dir).filter { nodes[$0].isDir }.map { Self.depth($0) - Self.depth(dir) }.max() ?? 0
     }
     func names(of id: Int) -> Int { nodes.values.filter { $0 == .file(id) }.count }
 
@@ -101,12 +106,67 @@ struct ReferenceModel {
         return nextID
     }
 
-    /// Drop a file that has no name and no open handle.
+    /// Drop a file that has no name, no open handle and is not in Recently Deleted.
     mutating func collect(_ id: Int, held: Int) {
-        if names(of: id) == 0 && held == 0 {
+        if names(of: id) == 0 && held == 0 && !trash.contains(where: { $0.node == .file(id) }) {
             files[id] = nil
             published[id] = nil
         }
+    }
+
+    // MARK: Recently Deleted
+
+    /// An item of Recently Deleted: what it is, the folder it was deleted from and its name there.
+    struct TrashEntry: Equatable { var node: Node; var parent: Int; var name: String }
+    /// Recently Deleted, oldest first.
+    var trash: [TrashEntry] = []
+    var nextFolder = 1
+    mutating func newFolder() -> Int { defer { nextFolder += 1 }; return nextFolder }
+
+    func folderID(_ p: String) -> Int? { if case .dir(let id)? = node(p) { return id } else { return nil } }
+    func path(ofFolder id: Int) -> String? { id == 0 ? "" : nodes.first { $0.value == .dir(id) }?.key }
+    func trashIndex(ofFolder id: Int) -> Int? { trash.firstIndex { $0.node == .dir(id) } }
+
+    /// `p` (a file's last name, or an empty folder) goes to Recently Deleted.
+    mutating func moveToTrash(_ p: String) {
+        trash.append(TrashEntry(node: nodes[p]!, parent: folderID(Self.parent(p))!, name: Self.parts(p).last!))
+        nodes[p] = nil
+    }
+
+    /// Where `e` was, as `ubiquityfs trash list` shows it: below where its folder is now (in
+    /// Recently Deleted too), `?` once that folder is gone.
+    func originalPath(_ e: TrashEntry, container: String) -> String {
+        if let up = trashIndex(ofFolder: e.parent) { return originalPath(trash[up], container: container) + "/" + e.name }
+        guard let folder = path(ofFolder: e.parent) else { return "?/" + e.name }
+        return (folder.isEmpty ? container : container + "/" + folder) + "/" + e.name
+    }
+
+    /// Put `trash[i]` back into its folder (Documents if that is gone), after the folder if it
+    /// is in Recently Deleted too, as `name 2` if the name is taken; a folder brings back what
+    /// was deleted from it, newest first.
+    mutating func restore(_ i: Int) {
+        let e = trash[i]
+        if let up = trashIndex(ofFolder: e.parent) {
+            restore(up)   // which brings `e` back with it
+            return
+        }
+        let target = path(ofFolder: e.parent) ?? ""
+        let name = Self.freeName(e.name) { nodes[Self.join(target, $0)] != nil }
+        trash.remove(at: i)
+        nodes[Self.join(target, name)] = e.node
+        if case .dir(let id) = e.node {
+            while let child = trash.lastIndex(where: { $0.parent == id }) { restore(child) }
+        }
+    }
+
+    /// `name`, or `name 2`, `name 3`, … before any extension (iCloud's rule) while taken.
+    static func freeName(_ name: String, taken: (String) -> Bool) -> String {
+        guard taken(name) else { return name }
+        var stem = name, ext = ""
+        if let dot = name.lastIndex(of: "."), dot != name.startIndex { stem = String(name[..<dot]); ext = String(name[dot...]) }
+        var n = 2
+        while taken("\(stem) \(n)\(ext)") { n += 1 }
+        return "\(stem) \(n)\(ext)"
     }
 
     mutating func move(_ from: String, to: String) {
@@ -122,6 +182,10 @@ struct ReferenceModel {
     static func resize(_ file: inout [UInt8], to size: Int) {
         if size < file.count { file.removeSubrange(size...) } else { file += [UInt8](repeating: 0, count: size - file.count) }
     }
+}
+
+extension Optional where Wrapped == ReferenceModel.Node {
+    var isDir: Bool { self?.isDir ?? false }
 }
 
 enum Outcome: Equatable, CustomStringConvertible {
@@ -160,6 +224,10 @@ enum Operation: CustomStringConvertible {
     case publishIdle
     case reopen
     case crash
+    /// The k-th item of Recently Deleted, newest first (modulo its count).
+    case trashRestore(Int)
+    case trashEmpty(Int)
+    case trashEmptyAll
 
     var description: String {
         switch self {
@@ -182,6 +250,9 @@ enum Operation: CustomStringConvertible {
         case .publishIdle: return "publishIdle"
         case .reopen: return "reopen (clean)"
         case .crash: return "crash (drop the filesystem with handles open) and reopen"
+        case .trashRestore(let k): return "trash restore item \(k) (newest first)"
+        case .trashEmpty(let k): return "trash empty item \(k) (newest first)"
+        case .trashEmptyAll: return "trash empty"
         }
     }
 }
@@ -266,6 +337,8 @@ final class ReferenceRun {
             return !isHeld(p)
         case .rename(_, let dst, let flags): return flags.contains(.exchange) || !isHeld(dst)
         case .mkdir, .rmdir, .link: return true
+        // (Emptying through the other would delete for good a file held open here.)
+        case .trashRestore, .trashEmpty, .trashEmptyAll: return held.isEmpty
         default: return false
         }
     }
@@ -337,7 +410,7 @@ final class ReferenceRun {
 
     /// A path for a data operation: mostly an existing file.
     private func filePath() -> String {
-        let files = model.sortedPaths.filter { model.nodes[$0] != .dir }
+        let files = model.sortedPaths.filter { !model.nodes[$0].isDir }
         if rng.chance(75), !files.isEmpty { return rng.pick(files) }
         return anyPath()
     }
@@ -369,7 +442,7 @@ final class ReferenceRun {
     }
 
     private func generate() -> Operation {
-        let r = rng.below(1000)
+        let r = rng.below(1030)
         switch r {
         case 0..<110: return .create(newPath())
         case 110..<270:
@@ -404,6 +477,9 @@ final class ReferenceRun {
         case 975..<983: return .publishIdle
         case 983..<993: return .reopen
         case 993..<1000: return .crash
+        case 1000..<1018: return .trashRestore(rng.below(8))
+        case 1018..<1028: return .trashEmpty(rng.below(8))
+        case 1028..<1030: return .trashEmptyAll
         default: return .create(newPath())
         }
     }
@@ -422,7 +498,7 @@ final class ReferenceRun {
         switch op {
         case .create(let p):
             if let e = model.walkError(p) { return .fail(e) }
-            guard model.node(M.parent(p)) == .dir else { return .fail(ENOTDIR) }
+            guard model.node(M.parent(p)).isDir else { return .fail(ENOTDIR) }
             guard model.node(p) == nil else { return .fail(EEXIST) }
             model.nodes[p] = .file(model.newFile())
             return .ok
@@ -448,35 +524,35 @@ final class ReferenceRun {
 
         case .mkdir(let p):
             if let e = model.walkError(p) { return .fail(e) }
-            guard model.node(M.parent(p)) == .dir else { return .fail(ENOTDIR) }
+            guard model.node(M.parent(p)).isDir else { return .fail(ENOTDIR) }
             guard model.node(p) == nil else { return .fail(EEXIST) }
             if let limit = model.maxDepth, M.depth(p) > limit { return .fail(EPERM) }
-            model.nodes[p] = .dir
+            model.nodes[p] = .dir(model.newFolder())
             return .ok
 
         case .unlink(let p):
             if let e = model.walkError(p) { return .fail(e) }
-            guard model.node(M.parent(p)) == .dir else { return .fail(ENOTDIR) }
+            guard model.node(M.parent(p)).isDir else { return .fail(ENOTDIR) }
             guard let n = model.node(p) else { return .fail(ENOENT) }
             guard case .file(let id) = n else { return .fail(EISDIR) }
-            model.nodes[p] = nil
-            model.collect(id, held: heldCount(id))
+            // The last name of a document goes to Recently Deleted; another name just goes.
+            if model.names(of: id) == 1 { model.moveToTrash(p) } else { model.nodes[p] = nil }
             return .ok
 
         case .rmdir(let p):
             if let e = model.walkError(p) { return .fail(e) }
-            guard model.node(M.parent(p)) == .dir else { return .fail(ENOTDIR) }
+            guard model.node(M.parent(p)).isDir else { return .fail(ENOTDIR) }
             guard let n = model.node(p) else { return .fail(ENOENT) }
-            guard n == .dir else { return .fail(ENOTDIR) }
+            guard n.isDir else { return .fail(ENOTDIR) }
             guard model.children(p).isEmpty else { return .fail(ENOTEMPTY) }
-            model.nodes[p] = nil
+            model.moveToTrash(p)
             return .ok
 
         case .link(let src, let dst):
             if let e = model.resolveError(src) { return .fail(e) }
             if let e = model.walkError(dst) { return .fail(e) }
             guard case .file(let id)? = model.node(src) else { return .fail(EPERM) }
-            guard model.node(M.parent(dst)) == .dir else { return .fail(ENOTDIR) }
+            guard model.node(M.parent(dst)).isDir else { return .fail(ENOTDIR) }
             guard model.node(dst) == nil else { return .fail(EEXIST) }
             model.nodes[dst] = .file(id)
             return .ok
@@ -511,24 +587,42 @@ final class ReferenceRun {
         case .crash:
             for id in Array(model.files.keys) { model.files[id] = model.published[id] }
             return .ok
+        case .trashRestore(let k):
+            guard !model.trash.isEmpty else { return .fail(ENOENT) }
+            model.restore(model.trash.count - 1 - k % model.trash.count)
+            return .ok
+        case .trashEmpty(let k):
+            guard !model.trash.isEmpty else { return .fail(ENOENT) }
+            purge(model.trash.count - 1 - k % model.trash.count)
+            return .ok
+        case .trashEmptyAll:
+            while !model.trash.isEmpty { purge(0) }
+            return .ok
         }
+    }
+
+    /// Recently Deleted item `i` goes for good. (A folder there is empty: rmdir takes only empty
+    /// ones. What was deleted from it stays, and would go back to Documents.)
+    private func purge(_ i: Int) {
+        let e = model.trash.remove(at: i)
+        if case .file(let id) = e.node { model.collect(id, held: heldCount(id)) }
     }
 
     private func renameInModel(_ src: String, _ dst: String, _ flags: RenameFlags) -> Outcome {
         typealias M = ReferenceModel
         if let e = model.walkError(src) { return .fail(e) }
         if let e = model.walkError(dst) { return .fail(e) }
-        guard model.node(M.parent(src)) == .dir, model.node(M.parent(dst)) == .dir else { return .fail(ENOTDIR) }
+        guard model.node(M.parent(src)).isDir, model.node(M.parent(dst)).isDir else { return .fail(ENOTDIR) }
         guard let s = model.node(src) else { return .fail(ENOENT) }
         let d = model.node(dst)
-        if src == dst || (d != nil && d == s && s != .dir) { return .ok }   // one inode: nothing to do
+        if src == dst || (d != nil && d == s && !s.isDir) { return .ok }   // one inode: nothing to do
         if flags.contains(.noReplace), d != nil { return .fail(EEXIST) }
         if flags.contains(.exchange), d == nil { return .fail(ENOENT) }
-        if s == .dir, M.isWithin(M.parent(dst), src) { return .fail(EINVAL) }
-        if flags.contains(.exchange), d == .dir, M.isWithin(M.parent(src), dst) { return .fail(EINVAL) }
+        if s.isDir, M.isWithin(M.parent(dst), src) { return .fail(EINVAL) }
+        if flags.contains(.exchange), d.isDir, M.isWithin(M.parent(src), dst) { return .fail(EINVAL) }
         if let limit = model.maxDepth {
-            if s == .dir, M.depth(M.parent(dst)) + 1 + model.height(src) > limit { return .fail(EPERM) }
-            if flags.contains(.exchange), d == .dir, M.depth(M.parent(src)) + 1 + model.height(dst) > limit {
+            if s.isDir, M.depth(M.parent(dst)) + 1 + model.height(src) > limit { return .fail(EPERM) }
+            if flags.contains(.exchange), d.isDir, M.depth(M.parent(src)) + 1 + model.height(dst) > limit {
                 return .fail(EPERM)
             }
         }
@@ -541,8 +635,8 @@ final class ReferenceRun {
             return .ok
         }
         if let d {
-            if s == .dir {
-                guard d == .dir else { return .fail(ENOTDIR) }
+            if s.isDir {
+                guard d.isDir else { return .fail(ENOTDIR) }
                 guard model.children(dst).isEmpty else { return .fail(ENOTEMPTY) }
                 model.nodes[dst] = nil
             } else {
@@ -674,6 +768,19 @@ final class ReferenceRun {
                 for h in dropped { model.collect(h.id, held: 0) }
                 try open()   // drops the old one first. kill -9: no release, no publishAll
                 return .ok
+            case .trashRestore(let k):
+                let items = fs.trashItems(container: container.name)
+                guard !items.isEmpty else { return .fail(ENOENT) }
+                _ = try fs.restoreFromTrash(items[k % items.count].ino)
+                return .ok
+            case .trashEmpty(let k):
+                let items = fs.trashItems(container: container.name)
+                guard !items.isEmpty else { return .fail(ENOENT) }
+                try fs.emptyTrash(items[k % items.count].ino)
+                return .ok
+            case .trashEmptyAll:
+                try fs.emptyTrash(container: container.name)
+                return .ok
             }
         } catch {
             return .fail(errnoOf(error) ?? -1)
@@ -705,7 +812,7 @@ final class ReferenceRun {
         var inoOfFile: [Int: UInt64] = [:]
         do {
             let docsAttrs = try fs.getattr(docs)
-            if docsAttrs.nlink != UInt32(2 + model.children("").filter { model.nodes[$0] == .dir }.count) {
+            if docsAttrs.nlink != UInt32(2 + model.children("").filter { model.nodes[$0].isDir }.count) {
                 return "Documents nlink \(docsAttrs.nlink)"
             }
         } catch { return "getattr Documents: \(error)" }
@@ -714,7 +821,7 @@ final class ReferenceRun {
             switch model.nodes[path]! {
             case .dir:
                 guard a.kind == .directory else { return "\(path): model has a folder, filesystem a \(a.kind)" }
-                let subdirs = model.children(path).filter { model.nodes[ReferenceModel.join(path, $0)] == .dir }.count
+                let subdirs = model.children(path).filter { model.nodes[ReferenceModel.join(path, $0)].isDir }.count
                 if a.nlink != UInt32(2 + subdirs) { return "\(path): folder nlink \(a.nlink), expected \(2 + subdirs)" }
             case .file(let id):
                 guard a.kind == .regular else { return "\(path): model has a file, filesystem a \(a.kind)" }
@@ -736,6 +843,25 @@ final class ReferenceRun {
             }
         }
         if Set(inoOfFile.values).count != inoOfFile.count { return "two model files share one inode" }
+        return compareTrash(contents: contents, on: fs)
+    }
+
+    /// Compare Recently Deleted, newest first: where each item was, its kind; with `contents`,
+    /// each file's bytes.
+    private func compareTrash(contents: Bool, on fs: UbiquityFileSystem) -> String? {
+        let items = fs.trashItems(container: container.name)
+        let entries = Array(model.trash.reversed())
+        let got = items.map { "\($0.originalPath) \($0.kind == .directory ? "folder" : "file")" }
+        let expected = entries.map { "\(model.originalPath($0, container: container.name)) \($0.node.isDir ? "folder" : "file")" }
+        if got != expected { return "Recently Deleted differs: filesystem \(got), model \(expected)" }
+        guard contents else { return nil }
+        for (item, entry) in zip(items, entries) {
+            guard case .file(let id) = entry.node else { continue }
+            do {
+                let bytes = try fs.contents(item.ino)
+                if bytes != model.files[id]! { return "\(item.originalPath) in Recently Deleted: content differs (\(bytes.count) vs \(model.files[id]!.count) bytes)" }
+            } catch { return "\(item.originalPath) in Recently Deleted: reading failed: \(error)" }
+        }
         return nil
     }
 }
