@@ -228,6 +228,8 @@ enum Operation: CustomStringConvertible {
     case trashRestore(Int)
     case trashEmpty(Int)
     case trashEmptyAll
+    /// `rm -rf`: a folder's files unlinked and its folders removed, depth first, by name.
+    case removeTree(String)
 
     var description: String {
         switch self {
@@ -253,6 +255,7 @@ enum Operation: CustomStringConvertible {
         case .trashRestore(let k): return "trash restore item \(k) (newest first)"
         case .trashEmpty(let k): return "trash empty item \(k) (newest first)"
         case .trashEmptyAll: return "trash empty"
+        case .removeTree(let p): return "rm -rf \(p)"
         }
     }
 }
@@ -335,6 +338,7 @@ final class ReferenceRun {
         switch op {
         case .create(let p), .write(let p, _, _), .truncate(let p, _), .read(let p, _, _), .unlink(let p):
             return !isHeld(p)
+        case .removeTree(let p): return !model.subtree(p).contains { isHeld($0) }
         case .rename(_, let dst, let flags): return flags.contains(.exchange) || !isHeld(dst)
         case .mkdir, .rmdir, .link: return true
         // (Emptying through the other would delete for good a file held open here.)
@@ -362,6 +366,11 @@ final class ReferenceRun {
             do { try w.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
             let got = applyToFS(op, on: w, docs: wDocs)
             if viaOther { tally["through the second writer", default: 0] += 1 }
+            switch op {
+            case .trashRestore where expected == .ok: tally["trash restores", default: 0] += 1
+            case .removeTree where expected == .ok: tally["rm -rf", default: 0] += 1
+            default: break
+            }
             tally[expected.description.hasSuffix(")") ? "data" : expected.description, default: 0] += 1
             if expected != got {
                 return report(step, op, "expected \(expected), got \(got)")
@@ -442,7 +451,7 @@ final class ReferenceRun {
     }
 
     private func generate() -> Operation {
-        let r = rng.below(1030)
+        let r = rng.below(1070)
         switch r {
         case 0..<110: return .create(newPath())
         case 110..<270:
@@ -477,9 +486,10 @@ final class ReferenceRun {
         case 975..<983: return .publishIdle
         case 983..<993: return .reopen
         case 993..<1000: return .crash
-        case 1000..<1018: return .trashRestore(rng.below(8))
-        case 1018..<1028: return .trashEmpty(rng.below(8))
-        case 1028..<1030: return .trashEmptyAll
+        case 1000..<1030: return .trashRestore(rng.below(8))
+        case 1030..<1042: return .trashEmpty(rng.below(8))
+        case 1042..<1044: return .trashEmptyAll
+        case 1044..<1070: return .removeTree(rng.chance(80) ? rng.pick(model.folders.filter { !$0.isEmpty } + [anyPath()]) : anyPath())
         default: return .create(newPath())
         }
     }
@@ -598,6 +608,20 @@ final class ReferenceRun {
         case .trashEmptyAll:
             while !model.trash.isEmpty { purge(0) }
             return .ok
+        case .removeTree(let p):
+            if let e = model.resolveError(p) { return .fail(e) }
+            removeTreeInModel(p)
+            return .ok
+        }
+    }
+
+    private func removeTreeInModel(_ p: String) {
+        switch model.node(p)! {
+        case .dir:
+            for c in model.children(p) { removeTreeInModel(ReferenceModel.join(p, c)) }
+            model.moveToTrash(p)
+        case .file(let id):
+            if model.names(of: id) == 1 { model.moveToTrash(p) } else { model.nodes[p] = nil }
         }
     }
 
@@ -780,6 +804,16 @@ final class ReferenceRun {
                 return .ok
             case .trashEmptyAll:
                 try fs.emptyTrash(container: container.name)
+                return .ok
+            case .removeTree(let p):
+                func remove(_ parent: UInt64, _ name: [UInt8]) throws {
+                    let a = try fs.lookup(parent: parent, name: name)
+                    guard a.kind == .directory else { return try fs.unlink(parent: parent, name: name) }
+                    for child in try fs.names(a.ino).sorted() { try remove(a.ino, b(child)) }
+                    try fs.rmdir(parent: parent, name: name)
+                }
+                let (parent, name) = try walkParent(p)
+                try remove(parent, name)
                 return .ok
             }
         } catch {
