@@ -8,7 +8,9 @@
 // truncate, read, mkdir, rename (plain, RENAME_NOREPLACE, RENAME_EXCHANGE), unlink, rmdir, link,
 // handles held open across steps (write/read/truncate/fsync/close through them), idle publish,
 // reopening the filesystem (clean), and a crash (the filesystem object is dropped with handles
-// open: held files fall back to what was last published).
+// open: held files fall back to what was last published); `rm -rf`, and Recently Deleted's
+// restore, empty one item and empty all. Unlink of a last name and rmdir go to the model's
+// Recently Deleted, whose listing (where each item was) and files' content are compared too.
 //
 // With a second writer (another daemon on the same store), about a third of the path operations
 // go through it instead, and a change-feed thread applies each writer's batches to the other
