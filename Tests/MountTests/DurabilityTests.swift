@@ -115,6 +115,58 @@ final class DurabilityTests: MountTestCase {
         try unmount()
     }
 
+    /// A `kill -9` of the daemon in its garbage collection (the one it runs at start-up, the
+    /// same as the hourly one), while it deletes expired Recently Deleted items for good: the
+    /// store opens again, what was left restores and reads whole, and a later collection frees
+    /// every chunk the killed one left behind and no other.
+    func testKillDuringGarbageCollection() throws {
+        let blobs = storeDir + "/blobs"
+        func blobFiles() -> Set<String> { Set(sh("cd \(shellQuote(blobs)) && find . -type f").lines) }
+        try mount()
+        let before = blobFiles()
+        let dir = docs("SugoiApp")
+        assertShell("mkdir -p \(shellQuote(dir))/tree && cd \(shellQuote(dir))/tree && for i in $(seq 1 1500); do echo \"content $i\" > f$i; done")
+        assertShell("rm -rf \(shellQuote(dir))/tree")
+        try unmount()
+        XCTAssertEqual(blobFiles().count, before.count + 1500, "the deleted files' content is kept")
+
+        // Start with nothing kept in Recently Deleted: the start-up collection deletes it all.
+        let done = DispatchSemaphore(value: 0)
+        let argv = [Self.binary] + mountArguments(extra: ["--keep-deleted-days", "0"])
+        let env = environment
+        DispatchQueue.global().async {
+            _ = Command.run(argv, timeout: 120, environment: env)
+            done.signal()
+        }
+        let pid = startingDaemonPID()
+        XCTAssertNotNil(pid, "the daemon started")
+        let count = "sqlite3 -readonly \(shellQuote(storeDir + "/metadata.sqlite3")) \"select count(*) from meta where key like 'deleted.%'\""
+        let deadline = Date().addingTimeInterval(30)
+        while Date() < deadline, (Int(sh(count).stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 1501) >= 1501 { usleep(5_000) }
+        if let pid { kill(pid, SIGKILL) }
+        XCTAssertEqual(done.wait(timeout: .now() + 60), .success, "the mount command returns when its daemon dies")
+        XCTAssertFalse(isMounted(mountPoint), "killed before it mounted")
+
+        // (The retention given is the store's setting, for every later start too.)
+        try mount(extra: ["--keep-deleted-days", "30"])
+        let left = ubiquityfs(["trash", "list", "--store", storeDir]).lines.dropFirst()
+        XCTAssertTrue(left.count > 0 && left.count < 1501, "\(left.count) of 1501 items left: the kill did not land mid-way")
+        if left.count > 0 { XCTAssertTrue(ubiquityfs(["trash", "restore", "SugoiApp/tree", "--store", storeDir]).succeeded) }
+        for name in ls(dir + "/tree") {
+            XCTAssertEqual(Posix.readText(dir + "/tree/" + name), "content \(Int(name.dropFirst()) ?? 0)\n", name)
+        }
+        assertShell("rm -rf \(shellQuote(dir))/tree")
+        try unmount()
+
+        // Chunks the kill left unreferenced are freed once older than the grace period (made
+        // so here), and nothing else is.
+        assertShell("find \(shellQuote(blobs)) -type f -exec touch -d '2 hours ago' {} +")
+        try mount(extra: ["--keep-deleted-days", "0"])
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+        try unmount()
+        XCTAssertEqual(blobFiles(), before, "exactly the content from before the deleted tree is left")
+    }
+
     func testFusermountUnmountStopsTheDaemon() throws {
         try mount()
         XCTAssertEqual(Posix.writeFile(docs("Notes") + "/note.txt", "kept\n"), 0)
