@@ -30,6 +30,8 @@ final class Namespace: @unchecked Sendable {
     /// desktop trash's folders carry it as their mtime, which GVfs compares to know it must
     /// list them again.
     private(set) var trashChangedAt: Int64 = 0
+    /// The folders among `trashed` (a file published inside one looks for it).
+    private(set) var trashedFolders: Set<InodeNumber> = []
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
@@ -54,6 +56,7 @@ final class Namespace: @unchecked Sendable {
         conflicts = Conflict.all(in: meta)
         trashed = TrashRecord.all(in: meta)
         for r in trashed.values { trashNamesInUse[r.trashName ?? r.name] = r.ino }
+        trashedFolders = Set(trashed.keys.filter { nodes[$0]?.kind == .directory })
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
         seq = snapshot.seq
@@ -72,6 +75,8 @@ final class Namespace: @unchecked Sendable {
         conflicts = other.conflicts
         trashed = other.trashed
         trashNamesInUse = other.trashNamesInUse
+        trashedFolders = other.trashedFolders
+        trashChangedAt = nowNanoseconds()
         maxIno = other.maxIno
         maxVersion = other.maxVersion
         seq = other.seq
@@ -175,6 +180,7 @@ extension Namespace {
         }
         TrashRecord.note(key: key, value: value, in: &trashed)
         if let new = trashed[ino] { trashNamesInUse[new.trashName ?? new.name] = ino }
+        if trashed[ino] != nil, nodes[ino]?.kind == .directory { trashedFolders.insert(ino) } else { trashedFolders.remove(ino) }
         trashChangedAt = nowNanoseconds()
     }
 

@@ -64,10 +64,16 @@ extension UbiquityFileSystem {
         // edit brings it back, as iCloud does (before any conflict copy is put beside it). A
         // delete here while it is open is this mount's own, and stays: a program may unlink a
         // file it still writes.
-        if beside == nil, let r = ns.read({ state.trashed[doc.ino] }), r.writer != writerID {
+        // The same if a folder it is in went to Recently Deleted whole. Just the file (and the
+        // folders it needs) comes back: the other items deleted with it stay deleted.
+        if beside == nil, let (item, r) = ns.read({ () -> (InodeNumber, TrashRecord)? in
+            if let r = state.trashed[doc.ino] { return (doc.ino, r) }
+            guard !state.trashedFolders.isEmpty, let f = trashedAncestorLocked(of: doc.ino), let r = state.trashed[f] else { return nil }
+            return (f, r)
+        }), r.writer != writerID {
             do {
-                let place = try restoreFromTrash(doc.ino)
-                log("inode \(doc.ino) was deleted on \(r.device) while edited here: the edit brings it back as \(place)")
+                _ = try restoreFromTrash(item, withChildren: false)
+                log("inode \(doc.ino) was deleted on \(r.device) while edited here: the edit brings it back as \(displayPath(of: doc.ino) ?? "?")")
             } catch { log("inode \(doc.ino) was deleted on \(r.device) while edited here; it stays in Recently Deleted: \(error)") }
         }
         if let conflict { makeConflictCopy(conflict) }

@@ -151,24 +151,24 @@ extension UbiquityFileSystem {
     }
 
     /// Put item `ino` back where it was deleted from (under `Name 2.ext` if the name is taken
-    /// now), after its folder if that was deleted too; a folder brings back what was deleted from
-    /// it. Returns where it is now.
+    /// now), after its folder if that was deleted too (just the folder: the other items deleted
+    /// from it stay); a folder brings back what was deleted from it, unless `withChildren` is
+    /// false. Returns where it is now.
     @discardableResult
-    public func restoreFromTrash(_ ino: InodeNumber) throws(FSError) -> String {
-        try restoreFromTrash(ino, to: nil, name: nil)
+    public func restoreFromTrash(_ ino: InodeNumber, withChildren: Bool = true) throws(FSError) -> String {
+        try restoreFromTrash(ino, to: nil, name: nil, withChildren: withChildren)
     }
 
     /// `restoreFromTrash`, or with `folder` and `name` to that place instead (a move out of the
     /// desktop's trash: `EEXIST` if the name is taken).
     @discardableResult
-    func restoreFromTrash(_ ino: InodeNumber, to destination: InodeNumber?, name: [UInt8]?) throws(FSError) -> String {
+    func restoreFromTrash(_ ino: InodeNumber, to destination: InodeNumber?, name: [UInt8]?,
+                          withChildren: Bool = true) throws(FSError) -> String {
         try typed {
             try commits.withLock { try catchUpLocked() }
             guard let r = ns.read({ state.trashed[ino] }) else { throw FSError(ENOENT, "item \(ino) is not in Recently Deleted") }
             if destination == nil, ns.read({ state.trashed[r.parent] != nil }) {
-                _ = try restoreFromTrash(r.parent)
-                // Its folder brought it back with it.
-                if ns.read({ state.trashed[ino] == nil }) { return displayPath(of: ino) ?? "inode \(ino)" }
+                _ = try restoreFromTrash(r.parent, withChildren: false)
             }
             try mutate { s in
                 guard let r = s.base.trashed[ino], var n = s.node(ino), let c = s.base.containers[n.container],
@@ -210,7 +210,7 @@ extension UbiquityFileSystem {
             // What was deleted from a folder comes back with it, newest first: of two deleted
             // under one name, the later keeps the name.
             let children = ns.read { state.trashed.values.filter { $0.parent == ino }.sorted { ($0.deleted, $0.ino) > ($1.deleted, $1.ino) } }
-            for child in children.map(\.ino) where destination == nil {
+            for child in children.map(\.ino) where destination == nil && withChildren {
                 _ = try restoreFromTrash(child)
             }
             return displayPath(of: ino) ?? "inode \(ino)"
@@ -269,6 +269,19 @@ extension UbiquityFileSystem {
                 dropLink(&s, &n, now: now)
             }
         }
+    }
+
+    /// The folder in Recently Deleted that `ino` is inside, moved there whole with what was in
+    /// it (the desktop's trash takes a folder so), if any. Caller holds ns.
+    func trashedAncestorLocked(of ino: InodeNumber) -> InodeNumber? {
+        func holds(_ dir: InodeNumber) -> Bool {
+            for child in (state.children[dir] ?? [:]).values {
+                if child == ino { return true }
+                if state.parent[child] == dir, holds(child) { return true }
+            }
+            return false
+        }
+        return state.trashedFolders.first { holds($0) }
     }
 
     /// Items older than the retention's `deletedFor` go for good (at start and every hour).

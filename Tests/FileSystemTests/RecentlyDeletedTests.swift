@@ -181,6 +181,67 @@ final class RecentlyDeletedTests: XCTestCase {
         XCTAssertEqual(fs.trashItems().map(\.ino), [g])
     }
 
+    /// Restoring one file of a deleted folder brings back the folder alone: the other items
+    /// deleted from it stay in Recently Deleted, and come back with the folder only when the
+    /// folder itself is restored.
+    func testRestoringOneFileOfADeletedFolderLeavesItsSiblings() throws {
+        let d = try fs.mkdir(parent: docs, name: b("Project"), mode: 0o755, caller: owner).ino
+        let a = try fs.makeFile(d, "a.txt", b("a"))
+        try fs.makeFile(d, "b.txt", b("b"))
+        for name in ["a.txt", "b.txt"] { try fs.unlink(parent: d, name: b(name)) }
+        try fs.rmdir(parent: docs, name: b("Project"))
+        XCTAssertEqual(try fs.restoreFromTrash(a), "SugoiApp/Project/a.txt")
+        XCTAssertEqual(try fs.names(d), ["a.txt"])
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/Project/b.txt"])
+    }
+
+    /// `rm -rf` of a folder on one device while the other edits a file in it: the edit brings
+    /// that file back, in its folder; the rest stays deleted.
+    func testAnEditBringsBackItsFileFromAFolderAnotherDeviceRemoved() throws {
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+        let d = try fs.mkdir(parent: docs, name: b("Project"), mode: 0o755, caller: owner).ino
+        let notes = try fs.makeFile(d, "notes.txt", b("notes"))
+        try fs.makeFile(d, "other.txt", b("other"))
+        try two.catchUp()
+        let h = try two.open(notes, flags: O_RDWR)
+        try two.put(h, b("NOTES"), at: 0)
+        for name in ["notes.txt", "other.txt"] { try fs.unlink(parent: d, name: b(name)) }
+        try fs.rmdir(parent: docs, name: b("Project"))
+        try two.catchUp()
+        try two.release(handle: h)
+        try fs.catchUp()
+        assertBytes(try fs.contents("SugoiApp/Project/notes.txt"), b("NOTES"))
+        XCTAssertEqual(try fs.names(d), ["notes.txt"])
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/Project/other.txt"])
+    }
+
+    /// A folder moved to Recently Deleted whole (as the desktop's trash takes it) on one device
+    /// while the other edits a file deep inside: the edit brings the folder back.
+    func testAnEditBringsBackAFolderAnotherDeviceTrashedWhole() throws {
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+        let d = try fs.mkdir(parent: docs, name: b("Project"), mode: 0o755, caller: owner).ino
+        let src = try fs.mkdir(parent: d, name: b("src"), mode: 0o755, caller: owner).ino
+        let main = try fs.makeFile(src, "main.c", b("int main;"))
+        try two.catchUp()
+        let h = try two.open(main, flags: O_RDWR)
+        try two.put(h, b("INT MAIN;"), at: 0)
+        let files = try fs.lookup(parent: try fs.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash-\(getuid())")).ino,
+                                  name: b("files")).ino
+        try fs.rename(parent: docs, name: b("Project"), newParent: files, newName: b("Project"), flags: [])
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/Project"])
+        try two.catchUp()
+        try two.release(handle: h)
+        try fs.catchUp()
+        assertBytes(try fs.contents("SugoiApp/Project/src/main.c"), b("INT MAIN;"))
+        XCTAssertEqual(fs.trashItems(), [])
+        // An edit on the device that trashed it leaves it in the trash.
+        let h2 = try fs.open(main, flags: O_RDWR)
+        try fs.rename(parent: docs, name: b("Project"), newParent: files, newName: b("Project"), flags: [])
+        try fs.put(h2, b("again"), at: 0)
+        try fs.release(handle: h2)
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/Project"])
+    }
+
     /// Renamed on one device while the other edits it: the edit lands in the renamed file.
     func testAnEditLandsInTheFileAnotherDeviceRenamed() throws {
         let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")

@@ -143,20 +143,17 @@ struct ReferenceModel {
         return (folder.isEmpty ? container : container + "/" + folder) + "/" + e.name
     }
 
-    /// Put `trash[i]` back into its folder (Documents if that is gone), after the folder if it
-    /// is in Recently Deleted too, as `name 2` if the name is taken; a folder brings back what
-    /// was deleted from it, newest first.
-    mutating func restore(_ i: Int) {
+    /// Put `trash[i]` back into its folder (Documents if that is gone), after the folder alone
+    /// if it is in Recently Deleted too, as `name 2` if the name is taken; a folder brings back
+    /// what was deleted from it, newest first (unless `withChildren` is false).
+    mutating func restore(_ i: Int, withChildren: Bool = true) {
         let e = trash[i]
-        if let up = trashIndex(ofFolder: e.parent) {
-            restore(up)   // which brings `e` back with it
-            return
-        }
+        if let up = trashIndex(ofFolder: e.parent) { restore(up, withChildren: false) }
         let target = path(ofFolder: e.parent) ?? ""
         let name = Self.freeName(e.name) { nodes[Self.join(target, $0)] != nil }
-        trash.remove(at: i)
+        trash.removeAll { $0 == e }
         nodes[Self.join(target, name)] = e.node
-        if case .dir(let id) = e.node {
+        if withChildren, case .dir(let id) = e.node {
             while let child = trash.lastIndex(where: { $0.parent == id }) { restore(child) }
         }
     }
