@@ -99,9 +99,17 @@ extension UbiquityFileSystem {
         let snapshot: StoreSnapshot
         do { snapshot = try store.metadata.load() } catch { throw FSError(error) }
         let fresh = Namespace(snapshot: snapshot)
-        let (invalidations, changed) = state.differences(to: fresh)
+        let (found, changed) = state.differences(to: fresh)
+        var invalidations = found
         ns.write {
+            // The desktop trash's names are not nodes: what left the trash or came into it, each
+            // named as the namespace it is in names it.
+            let before = state.trashed
+            let gone = offersDesktopTrash ? before.values.filter { fresh.trashed[$0.ino] != $0 } : []
+            if !gone.isEmpty { invalidations += trashInvalidations(of: Array(gone)) }
             state.replace(with: fresh)
+            let came = offersDesktopTrash ? state.trashed.values.filter { before[$0.ino] != $0 } : []
+            if !came.isEmpty { invalidations += trashInvalidations(of: Array(came)) }
             versionCounts = [:]
             pendingInvalidations += invalidations
             pendingRebases.formUnion(changed)
@@ -204,11 +212,6 @@ extension UbiquityFileSystem {
                 // Records at or below the position were applied meanwhile (this writer's own commits
                 // catch up too); the rest follow on from it with no gap.
                 if trimmed { try catchUpLocked() } else { applyCommitted(records) }
-                let now = DispatchTime.now().uptimeNanoseconds
-                if laterInvalidations.contains(where: { $0.due <= now }) {
-                    pendingInvalidations += laterInvalidations.filter { $0.due <= now }.map(\.change)
-                    laterInvalidations.removeAll { $0.due <= now }
-                }
                 guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
                 defer { pendingInvalidations = []; pendingRebases = [] }
                 let open = docsLock.withLock { Set(docs.keys) }
@@ -226,22 +229,16 @@ extension UbiquityFileSystem {
         }
     }
 
-    /// An item asked for under `asked` in `parent` landed as `placed`, because another writer
-    /// took `asked` first. The kernel is about to cache `asked` as this item (it is answered for
-    /// the name it asked), so both names are dropped from its cache once it has.
-    func placedBeside(parent: UInt64, asked: [UInt8], placed: [UInt8], what: String) {
-        log("\(what) \(String(decoding: asked, as: UTF8.self)) as \(String(decoding: placed, as: UTF8.self)): "
-            + "another device took the name first")
-        laterInvalidation(.entry(parent: parent, name: asked))
-        laterInvalidation(.entry(parent: parent, name: placed))
-        laterInvalidation(.node(parent))
-    }
-
-    /// Send `change` to the kernel from the change feed half a second from now: an invalidation
-    /// that corrects a reply must not reach the kernel before the reply itself has been applied.
-    func laterInvalidation(_ change: KernelInvalidation) {
-        let due = DispatchTime.now().uptimeNanoseconds + 500_000_000
-        commits.withLock { laterInvalidations.append((due, change)) }
+    /// An item asked for under `asked` in `parent` landed as `placed`, because the name was
+    /// taken (by another writer since this mount last looked, or by a folder hidden at this
+    /// level). The kernel caches `asked` as this item (it is answered for the name it asked), so
+    /// the change feed tells it to drop both names. The kernel applies that only once the create
+    /// or rename it corrects has finished: both hold the folder's lock.
+    func placedBeside(parent: UInt64, asked: [UInt8], placed: [UInt8], what: String, also: [KernelInvalidation] = []) {
+        log("\(what) \(String(decoding: asked, as: UTF8.self)) as \(String(decoding: placed, as: UTF8.self)): the name was taken")
+        commits.withLock {
+            pendingInvalidations += [.entry(parent: parent, name: asked), .entry(parent: parent, name: placed), .node(parent)] + also
+        }
     }
 
     /// Blobs no version refers to once `staging` commits: those of deleted files' versions and

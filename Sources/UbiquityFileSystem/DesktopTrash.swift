@@ -200,14 +200,22 @@ extension UbiquityFileSystem {
     /// restored anywhere: a plain `rm`, the CLI, another device): the folders' attributes and
     /// listings, and the items' names before and after. Caller holds ns, after the change.
     func trashInvalidations(before: [InodeNumber: TrashRecord?]) -> [KernelInvalidation] {
+        trashInvalidations(of: before.flatMap { ino, old in [old, state.trashed[ino]].compactMap { $0 } })
+    }
+
+    /// The same for records that came or went (before or after the change). When several items
+    /// want one name, the listing numbers all but the first (`name.2.ext`, …), so the numbered
+    /// names shift too. Caller holds ns.
+    func trashInvalidations(of records: [TrashRecord]) -> [KernelInvalidation] {
         var out: [KernelInvalidation] = [.node(TrashNode.files.ino), .node(TrashNode.info.ino)]
-        for (ino, old) in before {
-            for r in [old, state.trashed[ino]].compactMap({ $0 }) {
-                let name = r.trashName ?? r.name
+        for r in records {
+            let wanted = r.trashName ?? r.name
+            let alike = state.trashNameCounts[wanted] ?? 0
+            for name in [wanted] + (alike > 0 ? (2...(alike + 1)).map { gioUniqueName(wanted, $0) } : []) {
                 out.append(.entry(parent: TrashNode.files.ino, name: name))
                 out.append(.entry(parent: TrashNode.info.ino, name: name + Self.infoSuffix))
             }
-            out.append(.node(TrashNode.infoFile(ino).ino))
+            out.append(.node(TrashNode.infoFile(r.ino).ino))
         }
         return out
     }

@@ -81,9 +81,6 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Files whose current version another writer changed, for open documents to follow (done
     /// by the change feed, which holds no document lock: lock order is document, then commits).
     var pendingRebases: Set<InodeNumber> = []   // guarded by commits
-    /// Invalidations sent only once the kernel has applied the reply they correct (see
-    /// `laterInvalidation`), with the uptime they are due at.
-    var laterInvalidations: [(due: UInt64, change: KernelInvalidation)] = []   // guarded by commits
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
@@ -111,6 +108,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
     let trashPlaceholders = TrashPlaceholders()
     let trashNameCache = TrashNameCache()
+    let trashedTrees = TrashedTrees()
 
     /// Messages for the daemon's log (recovery, registration changes, failed background publishes).
     public var log: @Sendable (String) -> Void = { _ in }
@@ -462,6 +460,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
+    /// The name the store keeps for itself: the Recently Deleted folder in a container's root.
+    private func isReserved(_ name: [UInt8], in p: NodeRecord) -> Bool {
+        name == recentlyDeletedName && state.containers[p.container]?.rootIno == p.ino
+    }
+
     /// `sideBySide`: a name already taken gets the new file as `Name 2.ext` instead of `EEXIST`.
     private func createNode(parent: UInt64, name asked: [UInt8], kind: NodeKind, mode: UInt32, caller: Caller,
                             rdev: UInt64, target: [UInt8], sideBySide: Bool = false) throws -> Attributes {
@@ -471,7 +474,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             var p = try writableDirectory(parent)
             var name = asked
             if state.children[p.ino]?[name] != nil {
-                guard sideBySide else { throw FSError(EEXIST, "already exists") }
+                guard sideBySide, !isReserved(name, in: p) else { throw FSError(EEXIST, "already exists") }
                 name = freeName(name) { state.children[p.ino]?[$0] != nil }
             }
             placed = name
@@ -644,7 +647,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 var newName = newName
                 let taken = state.children[to.ino]?[newName]
                 if targetWasFree == nil { targetWasFree = taken == nil }
-                if targetWasFree == true, let t = taken, t != srcIno, !flags.contains(.noReplace), !flags.contains(.exchange) {
+                if targetWasFree == true, let t = taken, t != srcIno, !flags.contains(.noReplace), !flags.contains(.exchange),
+                   !isReserved(newName, in: to) {
                     newName = freeName(newName) { state.children[to.ino]?[$0] != nil }
                 }
                 placed = newName
@@ -722,8 +726,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 }
             }
             if placed != newName {
-                placedBeside(parent: newParent, asked: newName, placed: placed, what: "moved")
-                laterInvalidation(.entry(parent: parent, name: name))
+                placedBeside(parent: newParent, asked: newName, placed: placed, what: "moved",
+                             also: [.entry(parent: parent, name: name)])
             }
         }
     }

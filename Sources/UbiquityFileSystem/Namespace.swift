@@ -32,6 +32,9 @@ final class Namespace: @unchecked Sendable {
     private(set) var trashChangedAt: Int64 = 0
     /// The folders among `trashed` (a file published inside one looks for it).
     private(set) var trashedFolders: Set<InodeNumber> = []
+    /// How many items of `trashed` want each trash name (more than one: the desktop's trash
+    /// shows the later ones as `name.2.ext`, …).
+    private(set) var trashNameCounts: [[UInt8]: Int] = [:]
     var maxIno: InodeNumber = 0
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
@@ -55,7 +58,10 @@ final class Namespace: @unchecked Sendable {
         meta = snapshot.meta
         conflicts = Conflict.all(in: meta)
         trashed = TrashRecord.all(in: meta)
-        for r in trashed.values { trashNamesInUse[r.trashName ?? r.name] = r.ino }
+        for r in trashed.values {
+            trashNamesInUse[r.trashName ?? r.name] = r.ino
+            trashNameCounts[r.trashName ?? r.name, default: 0] += 1
+        }
         trashedFolders = Set(trashed.keys.filter { nodes[$0]?.kind == .directory })
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
@@ -76,6 +82,7 @@ final class Namespace: @unchecked Sendable {
         trashed = other.trashed
         trashNamesInUse = other.trashNamesInUse
         trashedFolders = other.trashedFolders
+        trashNameCounts = other.trashNameCounts
         trashChangedAt = nowNanoseconds()
         maxIno = other.maxIno
         maxVersion = other.maxVersion
@@ -175,11 +182,16 @@ extension Namespace {
     /// Keep `trashed` and `trashNamesInUse` in step with one change of `meta`.
     private func noteTrash(key: String, value: String?) {
         guard key.hasPrefix(TrashRecord.prefix), let ino = InodeNumber(key.dropFirst(TrashRecord.prefix.count)) else { return }
-        if let old = trashed[ino], trashNamesInUse[old.trashName ?? old.name] == ino {
-            trashNamesInUse[old.trashName ?? old.name] = nil
+        if let old = trashed[ino] {
+            let name = old.trashName ?? old.name
+            if trashNamesInUse[name] == ino { trashNamesInUse[name] = nil }
+            if let n = trashNameCounts[name] { trashNameCounts[name] = n > 1 ? n - 1 : nil }
         }
         TrashRecord.note(key: key, value: value, in: &trashed)
-        if let new = trashed[ino] { trashNamesInUse[new.trashName ?? new.name] = ino }
+        if let new = trashed[ino] {
+            trashNamesInUse[new.trashName ?? new.name] = ino
+            trashNameCounts[new.trashName ?? new.name, default: 0] += 1
+        }
         if trashed[ino] != nil, nodes[ino]?.kind == .directory { trashedFolders.insert(ino) } else { trashedFolders.remove(ino) }
         trashChangedAt = nowNanoseconds()
     }

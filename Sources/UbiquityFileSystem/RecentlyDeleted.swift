@@ -76,6 +76,21 @@ extension Namespace {
     }
 }
 
+/// The nodes inside folders that went to Recently Deleted whole, with the folder each is in:
+/// worked out once per change of Recently Deleted (nothing moves into such a tree otherwise),
+/// not at every publish.
+final class TrashedTrees: @unchecked Sendable {
+    private let lock = Lock()
+    private var stamp: Int64 = -1
+    private var folderOf: [InodeNumber: InodeNumber] = [:]
+    func folder(of ino: InodeNumber, at stamp: Int64, build: () -> [InodeNumber: InodeNumber]) -> InodeNumber? {
+        lock.withLock {
+            if self.stamp != stamp { folderOf = build(); self.stamp = stamp }
+            return folderOf[ino]
+        }
+    }
+}
+
 /// An item of Recently Deleted as `ubiquityfs trash list` shows it.
 public struct TrashItem: Sendable, Equatable {
     public var ino: InodeNumber
@@ -274,14 +289,20 @@ extension UbiquityFileSystem {
     /// The folder in Recently Deleted that `ino` is inside, moved there whole with what was in
     /// it (the desktop's trash takes a folder so), if any. Caller holds ns.
     func trashedAncestorLocked(of ino: InodeNumber) -> InodeNumber? {
-        func holds(_ dir: InodeNumber) -> Bool {
-            for child in (state.children[dir] ?? [:]).values {
-                if child == ino { return true }
-                if state.parent[child] == dir, holds(child) { return true }
+        guard !state.trashedFolders.isEmpty else { return nil }
+        return trashedTrees.folder(of: ino, at: state.trashChangedAt) {
+            var out: [InodeNumber: InodeNumber] = [:]
+            for f in state.trashedFolders where !(state.children[f]?.isEmpty ?? true) {
+                var stack = [f]
+                while let dir = stack.popLast() {
+                    for child in (state.children[dir] ?? [:]).values {
+                        out[child] = f
+                        if state.parent[child] == dir { stack.append(child) }
+                    }
+                }
             }
-            return false
+            return out
         }
-        return state.trashedFolders.first { holds($0) }
     }
 
     /// Items older than the retention's `deletedFor` go for good (at start and every hour).
@@ -315,6 +336,8 @@ func nameInserting(_ text: String, into name: [UInt8]) -> [UInt8] {
         stem = String(whole[..<dot])
         ext = String(whole[dot...])
     }
+    // An extension too long to keep a stem beside it is no extension.
+    if text.utf8.count + ext.utf8.count >= nameMax { stem = whole; ext = "" }
     let tail = text + ext
     while stem.utf8.count + tail.utf8.count > nameMax, !stem.isEmpty { stem.removeLast() }
     return Array((stem + tail).utf8)

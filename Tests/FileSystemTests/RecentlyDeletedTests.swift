@@ -53,6 +53,13 @@ final class RecentlyDeletedTests: XCTestCase {
         assertBytes(try fs.contents("SugoiApp/Report 2.txt"), b("old"))
         XCTAssertEqual(String(decoding: freeName(b("Makefile")) { $0 == b("Makefile") || $0 == b("Makefile 2") }, as: UTF8.self),
                        "Makefile 3")
+        // Within the name limit whatever the name: a long stem is shortened, and an extension
+        // too long to keep a stem beside it counts as no extension.
+        let longStem = String(repeating: "s", count: 250) + ".txt"
+        XCTAssertEqual(String(decoding: nameInserting(" 2", into: b(longStem)), as: UTF8.self), String(repeating: "s", count: 249) + " 2.txt")
+        let longExtension = "a." + String(repeating: "e", count: 253)
+        XCTAssertEqual(String(decoding: nameInserting(" 2", into: b(longExtension)), as: UTF8.self), String(longExtension.prefix(253)) + " 2")
+        XCTAssertEqual(nameInserting(" 12", into: b("." + String(repeating: "x", count: 254))).count, 255)
     }
 
     /// `rm -rf` deletes file by file, then the folders: restoring the top folder brings back
@@ -142,6 +149,8 @@ final class RecentlyDeletedTests: XCTestCase {
         XCTAssertEqual(try app.names(root), ["Documents", "cache.db"], "Recently Deleted is the store's")
         assertErrno(ENOENT, try app.lookup(parent: root, name: recentlyDeletedName))
         assertErrno(EEXIST, try app.mkdir(parent: root, name: recentlyDeletedName, mode: 0o755, caller: owner))
+        assertErrno(EEXIST, try app.create(parent: root, name: recentlyDeletedName, mode: 0o644, flags: O_CREAT | O_RDWR, caller: owner),
+                    "not beside it as Name 2 either")
         try app.unlink(parent: root, name: b("cache.db"))
         assertErrno(ENOENT, try app.getattr(priv), "deleted for real")
         XCTAssertEqual(app.trashItems().count, 1)

@@ -1,7 +1,7 @@
 // Two daemons on one store at once, as two devices: a drive view and an app view (or two drive
 // views) of the same containers. A change through either shows through the other without a
-// remount, an exclusive race on one name gives the loser EEXIST (a plain one puts the second beside as `Name 2.ext`), and a kill -9 of one leaves the other
-// serving.
+// remount, an exclusive race on one name gives the loser EEXIST (a plain one puts the second
+// beside as `Name 2.ext`), and a kill -9 of one leaves the other serving.
 
 import Foundation
 import Glibc
@@ -230,6 +230,32 @@ final class TwoMountsTests: MountTestCase {
         }
         XCTAssertEqual(names.count, 40 + beside + conflicts, "nothing else: \(names)")
         print("same new names from both mounts: \(beside) of 40 landed beside as Name 2, \(conflicts) as conflict copies")
+
+        // Made on A, then at once on B, before B's change feed (ten times a second) has seen it:
+        // B's file lands beside. B's kernel, answered for the name it asked, is told to drop it,
+        // so B then shows A's file under the name, as A does.
+        let sequential = """
+            import os, sys
+            for i in range(10):
+                for folder, text in ((sys.argv[1], "A"), (sys.argv[2], "B")):
+                    fd = os.open(os.path.join(folder, "s%d.txt" % i), os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+                    os.write(fd, text.encode()); os.close(fd)
+            """
+        assertShell("python3 -c \(shellQuote(sequential)) \(shellQuote(a + "/Folder")) \(shellQuote(b + "/Folder"))")
+        usleep(500_000)
+        var landedBeside = 0
+        for i in 0..<10 {
+            let name = "/Folder/s\(i).txt", second = "/Folder/s\(i) 2.txt"
+            XCTAssertEqual(Posix.stat(b + name)?.st_ino, Posix.stat(a + name)?.st_ino, name)
+            XCTAssertEqual(Posix.readText(b + name), Posix.readText(a + name), name)
+            if Posix.exists(b + second) {
+                landedBeside += 1
+                XCTAssertEqual(Posix.readText(b + name), "A", name)
+                XCTAssertEqual(Posix.readText(a + second), "B", second)
+            }
+        }
+        XCTAssertGreaterThan(landedBeside, 0, "B made at least one before its feed had seen A's")
+        print("made on A, then at once on B: \(landedBeside) of 10 landed beside")
         try unmount(at: second)
         try unmount()
     }

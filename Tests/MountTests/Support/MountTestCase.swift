@@ -304,7 +304,6 @@ class MountTestCase: XCTestCase {
         return nil
     }
 
-    /// True if `pid` is alive (not a zombie) and runs the ubiquityfs binary.
     /// The pid of a daemon of this test's store that is still starting (it writes daemon.pid
     /// only once mounted): found by its arguments in /proc, and kept for clean-up.
     func startingDaemonPID(seconds: Double = 10) -> pid_t? {
@@ -323,6 +322,7 @@ class MountTestCase: XCTestCase {
         return nil
     }
 
+    /// True if `pid` is alive (not a zombie) and runs the ubiquityfs binary.
     func isOurDaemon(_ pid: pid_t) -> Bool {
         Watchdog.isLiveProcess(pid, named: "ubiquityfs")
     }
