@@ -18,6 +18,8 @@ struct Parsed: Sendable {
     var flags: Set<String> = []
     var values: [String: [String]] = [:]
     var positionals: [String] = []
+    /// The arguments as given (the daemon a detaching mount starts gets the same).
+    var raw: [String] = []
     func value(_ name: String) -> String? { values[name]?.last }
 }
 
@@ -45,6 +47,7 @@ struct Subcommand: Sendable {
 
     func parse(_ args: [String]) throws -> Parsed {
         var parsed = Parsed()
+        parsed.raw = args
         let valued = Set(options.map(\.0).filter { $0.hasSuffix("=") }.map { String($0.dropLast()) })
         let plain = Set(options.map(\.0).filter { !$0.hasSuffix("=") })
         var i = 0
@@ -117,7 +120,10 @@ func writeOut(_ text: String) {
 }
 
 let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand,
-                                 restoreCommand, resolveCommand, trashCommand, statusCommand]
+                                 restoreCommand, resolveCommand, trashCommand, statusCommand,
+                                 installCommand, uninstallCommand, installServiceCommand, uninstallServiceCommand,
+                                 completionCommand, manpageCommand]
+func allSubcommands() -> [Subcommand] { subcommands }
 
 let mainUsage = """
 usage: ubiquityfs COMMAND [OPTIONS]
@@ -125,7 +131,7 @@ usage: ubiquityfs COMMAND [OPTIONS]
 Mount the iCloud-style ubiquitous containers that app manifests (Info.plist) declare.
 
 commands:
-\(subcommands.map { "  \($0.name.padding(toLength: 12, withPad: " ", startingAt: 0)) \($0.summary)" }.joined(separator: "\n"))
+\(subcommands.map { "  \($0.name.padding(toLength: subcommands.map(\.name.count).max()! + 1, withPad: " ", startingAt: 0)) \($0.summary)" }.joined(separator: "\n"))
 
 Run 'ubiquityfs COMMAND --help' for a command's options.
 """
@@ -141,6 +147,16 @@ public func runCommandLine(_ arguments: [String]) -> Int32 {
         return ExitCode.success
     }
     guard let command = subcommands.first(where: { $0.name == first }) else {
+        // `mount.fuse3` (fstab, `mount -t fuse.ubiquityfs`) runs `ubiquityfs SOURCE MOUNTPOINT -o OPTS`.
+        if arguments.count >= 2, !first.hasPrefix("-") {
+            do { return runCommandLine(try mountHelperArguments(arguments)) } catch let e as UsageError {
+                writeError("ubiquityfs: \(e.message)\nusage (from mount.fuse3 or fstab): ubiquityfs STORE|ubiquityfs MOUNTPOINT [-o OPTIONS]")
+                return ExitCode.usage
+            } catch {
+                writeError("ubiquityfs: \(error)")
+                return ExitCode.failure
+            }
+        }
         writeError("ubiquityfs: unknown command '\(first)'\n\n\(mainUsage)")
         return ExitCode.usage
     }

@@ -41,13 +41,14 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
         ("--app=", "mount this app's containers whole (app view) instead of the drive view"),
         ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
         ("--foreground", "stay in the foreground and log to stderr too"),
+        ("--allow-non-empty", "mount over a folder that has files in it (they are hidden while mounted)"),
         ("--apply-manifest-changes", "apply container settings edited without raising CFBundleVersion"),
         ("--keep-versions=", "versions kept per file at most, newest first (default 1000, at least 2)"),
         ("--retention=", "old versions kept: all=1d,hourly=7d,daily=30d,space=4G (any of them)"),
@@ -61,6 +62,10 @@ let mountCommand = Subcommand(
 private func runMount(_ p: Parsed) throws -> Int32 {
     let mountpoint = absolutePath(p.positionals[0])
     var isDir: ObjCBool = false
+    if p.value("--ready-fd") == nil, let problem = mountpointProblem(mountpoint, allowNonEmpty: p.flags.contains("--allow-non-empty")) {
+        writeError("ubiquityfs mount: " + problem)
+        return ExitCode.failure
+    }
     guard FileManager.default.fileExists(atPath: mountpoint, isDirectory: &isDir), isDir.boolValue else {
         writeError("ubiquityfs mount: \(mountpoint) is not an existing folder; create it first (mkdir -p \(mountpoint))")
         return ExitCode.failure
@@ -95,8 +100,7 @@ private func detach(_ p: Parsed) throws -> Int32 {
     guard pipe(&fds) == 0 else { throw FSError(errno, "pipe failed") }
     _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
     _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
-    var args = ["ubiquityfs"] + Array(CommandLine.arguments.dropFirst())
-    args.insert(contentsOf: ["--ready-fd", "3"], at: 2)
+    let args = ["ubiquityfs", "mount", "--ready-fd", "3"] + p.raw
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -120,7 +124,7 @@ private func detach(_ p: Parsed) throws -> Int32 {
     // Read the daemon's report: lines to show, then "ready" or "error: ...".
     var data = Data()
     var buffer = [UInt8](repeating: 0, count: 4096)
-    while true {
+    while !data.split(separator: UInt8(ascii: "\n")).contains(where: { $0.elementsEqual("ready".utf8) }) {
         let n = read(fds[0], &buffer, buffer.count)
         if n < 0 && errno == EINTR { continue }
         if n <= 0 { break }
@@ -141,6 +145,9 @@ private func detach(_ p: Parsed) throws -> Int32 {
 
 /// Run the daemon in this process until unmounted or signalled.
 private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
+    // Programs this daemon starts (libfuse's fusermount3, which stays with auto_unmount) must not
+    // hold the caller's pipe open: the caller would wait for them.
+    if let readyFD { _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC) }
     let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
     let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
     let tell: (String) -> Void = { line in
@@ -203,7 +210,10 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
     let session: FuseSession
     let cacheSeconds = p.value("--cache-seconds").flatMap { Double($0) } ?? FuseSession.defaultCacheSeconds
-    do { session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, cacheSeconds: cacheSeconds, log: log) } catch {
+    do {
+        session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, source: "ubiquityfs:" + storeDir,
+                                  cacheSeconds: cacheSeconds, log: log)
+    } catch {
         report("ubiquityfs mount: \(error)")
         return ExitCode.failure
     }

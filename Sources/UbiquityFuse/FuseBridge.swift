@@ -655,11 +655,15 @@ public final class FuseSession: @unchecked Sendable {
     public static let defaultCacheSeconds = 10.0
 
     /// Create the session and mount it. `options` are `-o` options (e.g. "allow_other", "ro").
-    public init(fs: UbiquityFileSystem, mountpoint: String, options: [String],
+    /// `source` is what `df`, `mount` and `findmnt` show as the mount's source (fsname); its
+    /// type shows as `fuse.ubiquityfs`.
+    public init(fs: UbiquityFileSystem, mountpoint: String, options: [String], source: String = "ubiquityfs",
                 cacheSeconds: Double = FuseSession.defaultCacheSeconds,
                 log: @escaping @Sendable (String) -> Void) throws {
         self.mountpoint = mountpoint
-        let all = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"] + options
+        // libfuse splits options at commas and takes a backslash as an escape.
+        let fsname = source.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: ",", with: "\\,")
+        let all = ["default_permissions", "fsname=" + fsname, "subtype=ubiquityfs"] + options
         let words: [String] = ["ubiquityfs", "-o", all.joined(separator: ",")]
         var argv: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) }
         defer { argv.forEach { free($0) } }

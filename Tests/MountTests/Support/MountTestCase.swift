@@ -304,6 +304,12 @@ class MountTestCase: XCTestCase {
         return nil
     }
 
+    /// A mount made by something other than `mount()` (mount(8), a script): cleaned up like ours.
+    func adoptMount(at mnt: String) {
+        usedMountPoints.insert(mnt)
+        if let pid = waitForDaemonPID() { daemonPIDs.insert(pid) }
+    }
+
     /// The pid of a daemon of this test's store that is still starting (it writes daemon.pid
     /// only once mounted): found by its arguments in /proc, and kept for clean-up.
     func startingDaemonPID(seconds: Double = 10) -> pid_t? {

@@ -1,0 +1,362 @@
+// Putting UbiquityFS where the system finds it: `install` copies this binary (where mount.fuse3,
+// which runs `ubiquityfs` from a fixed PATH, and a systemd unit find it), the man page and the
+// shell completions; `completion` and `manpage` print those, generated from the commands' own
+// help so they never drift from it; `install-service` writes a systemd user unit that mounts at
+// login.
+
+import Foundation
+
+// MARK: - install, uninstall
+
+/// The folder `install` uses by default: /usr/local for root (on mount.fuse3's PATH), else ~/.local.
+func defaultPrefix() -> String { getuid() == 0 ? "/usr/local" : home() + "/.local" }
+
+/// What `install` writes under a prefix, and how each file is made.
+private func installedFiles(prefix: String) -> [(path: String, mode: mode_t, contents: () throws -> Data)] {
+    [
+        (prefix + "/bin/ubiquityfs", 0o755, { try Data(contentsOf: URL(fileURLWithPath: runningBinary())) }),
+        (prefix + "/share/man/man1/ubiquityfs.1", 0o644, { Data(manPage().utf8) }),
+        (prefix + "/share/bash-completion/completions/ubiquityfs", 0o644, { Data(completionScript("bash")!.utf8) }),
+        (prefix + "/share/zsh/site-functions/_ubiquityfs", 0o644, { Data(completionScript("zsh")!.utf8) }),
+        (prefix + "/share/fish/vendor_completions.d/ubiquityfs.fish", 0o644, { Data(completionScript("fish")!.utf8) }),
+    ]
+}
+
+/// This process's binary, symlinks resolved.
+func runningBinary() -> String {
+    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+}
+
+let installCommand = Subcommand(
+    name: "install",
+    summary: "copy this binary, the man page and shell completions under a prefix (default /usr/local as root)",
+    usage: "install [--prefix DIR]",
+    options: [("--prefix=", "where to install (default /usr/local for root, else ~/.local)")],
+    positionals: 0...0,
+    run: { p in
+        let prefix = absolutePath(p.value("--prefix") ?? defaultPrefix())
+        for file in installedFiles(prefix: prefix) {
+            let folder = (file.path as NSString).deletingLastPathComponent
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            // Written beside, then renamed over: a running copy of the old binary keeps working.
+            let temporary = folder + "/.\((file.path as NSString).lastPathComponent).installing"
+            try file.contents().write(to: URL(fileURLWithPath: temporary))
+            chmod(temporary, file.mode)
+            guard rename(temporary, file.path) == 0 else {
+                let e = errno
+                unlink(temporary)
+                throw UsageError(message: "cannot write \(file.path): \(String(cString: strerror(e)))")
+            }
+            writeOut("installed \(file.path)")
+        }
+        let bin = prefix + "/bin"
+        let path = (ProcessInfo.processInfo.environment["PATH"] ?? "").split(separator: ":").map(String.init)
+        if !path.contains(bin) { writeOut("note: \(bin) is not on your PATH; add it (export PATH=\"\(bin):$PATH\")") }
+        return ExitCode.success
+    })
+
+let uninstallCommand = Subcommand(
+    name: "uninstall",
+    summary: "remove what 'install' put under a prefix (the store and manifests stay)",
+    usage: "uninstall [--prefix DIR]",
+    options: [("--prefix=", "where it was installed (default /usr/local for root, else ~/.local)")],
+    positionals: 0...0,
+    run: { p in
+        let prefix = absolutePath(p.value("--prefix") ?? defaultPrefix())
+        for file in installedFiles(prefix: prefix) where FileManager.default.fileExists(atPath: file.path) {
+            try FileManager.default.removeItem(atPath: file.path)
+            writeOut("removed \(file.path)")
+        }
+        return ExitCode.success
+    })
+
+// MARK: - completion
+
+let completionCommand = Subcommand(
+    name: "completion",
+    summary: "print a completion script: bash, zsh or fish",
+    usage: "completion bash|zsh|fish",
+    options: [],
+    positionals: 1...1,
+    run: { p in
+        guard let script = completionScript(p.positionals[0]) else {
+            throw UsageError(message: "no completion for '\(p.positionals[0])': bash, zsh or fish")
+        }
+        writeOut(script)
+        return ExitCode.success
+    })
+
+/// Options that name a folder (completed as folders).
+private let folderOptions: Set<String> = ["--apps", "--store", "--prefix", "--mountpoint"]
+
+private func optionNames(_ c: Subcommand) -> [String] {
+    c.options.map { $0.0.hasSuffix("=") ? String($0.0.dropLast()) : $0.0 }.filter { $0 != "--ready-fd" } + ["--help"]
+}
+
+func completionScript(_ shell: String) -> String? {
+    let commands = allSubcommands()
+    switch shell {
+    case "bash":
+        var cases = ""
+        for c in commands { cases += "    \(c.name)) opts=\"\(optionNames(c).joined(separator: " "))\" ;;\n" }
+        return """
+            # bash completion for ubiquityfs (generated by 'ubiquityfs completion bash')
+            _ubiquityfs() {
+              local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} opts=""
+              if [ "$COMP_CWORD" -eq 1 ]; then
+                COMPREPLY=($(compgen -W "\(commands.map(\.name).joined(separator: " ")) --help" -- "$cur"))
+                return
+              fi
+              case ${COMP_WORDS[1]} in
+            \(cases)  esac
+              case $prev in
+                \(folderOptions.sorted().joined(separator: "|"))) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+              esac
+              if [[ $cur == -* ]]; then
+                COMPREPLY=($(compgen -W "$opts" -- "$cur"))
+              else
+                COMPREPLY=($(compgen -f -- "$cur"))
+              fi
+            }
+            complete -o filenames -F _ubiquityfs ubiquityfs
+
+            """
+    case "zsh":
+        func quoted(_ s: String) -> String {
+            s.replacingOccurrences(of: "'", with: "'\\''").replacingOccurrences(of: ":", with: "\\:")
+                .replacingOccurrences(of: "[", with: "\\[").replacingOccurrences(of: "]", with: "\\]")
+        }
+        var cases = ""
+        for c in commands {
+            let specs = c.options.filter { $0.0 != "--ready-fd=" }.map { option -> String in
+                let name = option.0.hasSuffix("=") ? String(option.0.dropLast()) : option.0
+                let value = option.0.hasSuffix("=") ? (folderOptions.contains(name) ? ":folder:_files -/" : ":value:") : ""
+                return "'\(name)[\(quoted(option.1))]\(value)'"
+            }
+            cases += "    \(c.name)) _arguments \((specs + ["'*:file:_files'"]).joined(separator: " ")) ;;\n"
+        }
+        return """
+            #compdef ubiquityfs
+            # zsh completion for ubiquityfs (generated by 'ubiquityfs completion zsh')
+            _ubiquityfs() {
+              local -a commands
+              commands=(
+            \(commands.map { "    '\($0.name):\(quoted($0.summary))'" }.joined(separator: "\n"))
+              )
+              if (( CURRENT == 2 )); then
+                _describe 'command' commands
+                return
+              fi
+              shift words
+              (( CURRENT-- ))
+              case $words[1] in
+            \(cases)  esac
+            }
+            _ubiquityfs "$@"
+
+            """
+    case "fish":
+        func quoted(_ s: String) -> String { "'" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "'", with: "\\'") + "'" }
+        var lines = ["# fish completion for ubiquityfs (generated by 'ubiquityfs completion fish')",
+                     "complete -c ubiquityfs -f"]
+        let names = commands.map(\.name).joined(separator: " ")
+        for c in commands {
+            lines.append("complete -c ubiquityfs -n 'not __fish_seen_subcommand_from \(names)' -a \(c.name) -d \(quoted(c.summary))")
+            for option in c.options where option.0 != "--ready-fd=" {
+                let name = option.0.hasSuffix("=") ? String(option.0.dropLast()) : option.0
+                let long = name.hasPrefix("--") ? "-l \(name.dropFirst(2))" : "-s \(name.dropFirst())"
+                let value = option.0.hasSuffix("=") ? (folderOptions.contains(name) ? " -r -a '(__fish_complete_directories)'" : " -r") : ""
+                lines.append("complete -c ubiquityfs -n '__fish_seen_subcommand_from \(c.name)' \(long)\(value) -d \(quoted(option.1))")
+            }
+            lines.append("complete -c ubiquityfs -n '__fish_seen_subcommand_from \(c.name)' -F")
+        }
+        return lines.joined(separator: "\n") + "\n"
+    default:
+        return nil
+    }
+}
+
+// MARK: - man page
+
+let manpageCommand = Subcommand(
+    name: "manpage",
+    summary: "print the man page (roff), as 'install' puts it in share/man/man1",
+    usage: "manpage",
+    options: [],
+    positionals: 0...0,
+    run: { _ in
+        writeOut(manPage())
+        return ExitCode.success
+    })
+
+/// The man page, from each command's help.
+func manPage() -> String {
+    func roff(_ s: String) -> String {
+        var t = s.replacingOccurrences(of: "\\", with: "\\e").replacingOccurrences(of: "-", with: "\\-")
+        if t.hasPrefix(".") || t.hasPrefix("'") { t = "\\&" + t }
+        return t
+    }
+    var page = """
+        .TH UBIQUITYFS 1 "" "UbiquityFS" "User Commands"
+        .SH NAME
+        ubiquityfs \\- mount iCloud\\-style ubiquitous containers with FUSE
+        .SH SYNOPSIS
+        .B ubiquityfs
+        .I COMMAND
+        .RI [ OPTIONS ]
+        .br
+        .B ubiquityfs
+        .I STORE MOUNTPOINT
+        .RB [ \\-o
+        .IR OPTIONS ]
+        .SH DESCRIPTION
+        UbiquityFS mounts the ubiquitous containers that apps declare in their Info.plist
+        (NSUbiquitousContainers) as a FUSE filesystem. The drive view shows each public container as a
+        folder named by its container name whose contents are the container's Documents folder; every
+        write goes through a coordination layer that keeps versions, conflict copies and Recently
+        Deleted. The second form is how mount.fuse3 (fstab, mount \\-t fuse.ubiquityfs) runs it.
+        .SH COMMANDS
+
+        """
+    for c in allSubcommands() {
+        page += ".SS \(roff(c.name))\n.B ubiquityfs \(roff(c.usage))\n.PP\n\(roff(c.summary)).\n"
+        for (name, help) in c.options where name != "--ready-fd=" {
+            let shown = name.hasSuffix("=") ? "\\fB\(roff(String(name.dropLast())))\\fR \\fIVALUE\\fR" : "\\fB\(roff(name))\\fR"
+            page += ".TP\n\(shown)\n\(roff(help))\n"
+        }
+    }
+    page += """
+        .SH FSTAB
+        A line such as
+        .PP
+        .RS
+        .nf
+        /home/me/.local/share/ubiquityfs  /home/me/UbiquityDrive  fuse.ubiquityfs  noauto,user,apps=/home/me/.config/ubiquityfs/apps  0 0
+        .fi
+        .RE
+        .PP
+        mounts with \\fBmount /home/me/UbiquityDrive\\fR. The source is the store folder (or \\fBubiquityfs\\fR for
+        the default one). UbiquityFS's own options are apps=, app=, cache_seconds=, keep_versions=,
+        retention=, keep_deleted_days=, allow_non_empty and apply_manifest_changes; ro, noexec, nosuid,
+        nodev, allow_other and allow_root go to the kernel; noauto, user, nofail, _netdev and x\\-* are
+        mount's and are ignored. The binary must be on mount.fuse3's PATH: \\fBubiquityfs install\\fR puts it in
+        /usr/local/bin.
+        .SH FILES
+        .TP
+        .I $XDG_CONFIG_HOME/ubiquityfs/apps
+        app manifests (default ~/.config/ubiquityfs/apps)
+        .TP
+        .I $XDG_DATA_HOME/ubiquityfs
+        the store (default ~/.local/share/ubiquityfs), with its log ubiquityfs.log
+        .SH ENVIRONMENT
+        XDG_CONFIG_HOME and XDG_DATA_HOME choose the default folders. UbiquityFS prints no colour, so
+        NO_COLOR changes nothing.
+        .SH SEE ALSO
+        .BR mount.fuse3 (8),
+        .BR fusermount3 (1),
+        .BR fstab (5)
+
+        """
+    return page
+}
+
+// MARK: - systemd user unit
+
+private func unitPath() -> String {
+    let env = ProcessInfo.processInfo.environment
+    let config = env["XDG_CONFIG_HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? home() + "/.config"
+    return config + "/systemd/user/ubiquityfs.service"
+}
+
+/// One word of an ExecStart line: quoted, with systemd's specifiers (%) and escapes doubled.
+private func unitWord(_ s: String) -> String {
+    "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+        .replacingOccurrences(of: "%", with: "%%") + "\""
+}
+
+func serviceUnit(binary: String, mountpoint: String, store: String, apps: String, fusermount: String) -> String {
+    let start = [binary, "mount", "--foreground", "--store", store, "--apps", apps, mountpoint].map(unitWord).joined(separator: " ")
+    return """
+        # Written by 'ubiquityfs install-service'; 'ubiquityfs uninstall-service' removes it.
+        [Unit]
+        Description=UbiquityFS: ubiquitous containers at \(mountpoint.replacingOccurrences(of: "%", with: "%%"))
+        Documentation=man:ubiquityfs(1)
+
+        [Service]
+        Type=simple
+        ExecStartPre=/usr/bin/mkdir -p \(unitWord(mountpoint))
+        ExecStart=\(start)
+        # A stop is SIGTERM: the daemon publishes what is pending and unmounts. After a crash, the
+        # dead mount is cleared so that the restart can mount again.
+        ExecStopPost=-\(unitWord(fusermount)) -uz \(unitWord(mountpoint))
+        TimeoutStopSec=90
+        Restart=on-failure
+        RestartSec=5
+
+        [Install]
+        WantedBy=default.target
+
+        """
+}
+
+let installServiceCommand = Subcommand(
+    name: "install-service",
+    summary: "write and enable a systemd user unit that mounts at login (logs to the journal)",
+    usage: "install-service [--mountpoint DIR] [--store DIR] [--apps DIR] [--no-enable]",
+    options: [
+        ("--mountpoint=", "where to mount (default ~/UbiquityDrive)"),
+        ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
+        ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
+        ("--no-enable", "write the unit only; do not run systemctl"),
+    ],
+    positionals: 0...0,
+    run: { p in
+        let binary = runningBinary()
+        let mountpoint = absolutePath(p.value("--mountpoint") ?? home() + "/UbiquityDrive")
+        let store = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+        let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
+        let fusermount = ["/usr/bin/fusermount3", "/bin/fusermount3"].first { FileManager.default.isExecutableFile(atPath: $0) } ?? "fusermount3"
+        let path = unitPath()
+        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        try serviceUnit(binary: binary, mountpoint: mountpoint, store: store, apps: apps, fusermount: fusermount)
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        writeOut("wrote \(path)")
+        if binary.contains("/.build/") {
+            writeOut("note: the unit runs \(binary), a build folder's binary; run 'ubiquityfs install' and then install-service from the installed one to keep it working after a clean build")
+        }
+        if p.flags.contains("--no-enable") {
+            writeOut("enable it with: systemctl --user daemon-reload && systemctl --user enable --now ubiquityfs.service")
+            return ExitCode.success
+        }
+        for args in [["--user", "daemon-reload"], ["--user", "enable", "--now", "ubiquityfs.service"]] {
+            let status = runProgram("/usr/bin/systemctl", args)
+            guard status == 0 else {
+                writeError("ubiquityfs install-service: 'systemctl \(args.joined(separator: " "))' failed (status \(status)): is a systemd user manager running for you? The unit is written; enable it at your next login with: systemctl --user enable --now ubiquityfs.service")
+                return ExitCode.failure
+            }
+        }
+        writeOut("enabled and started ubiquityfs.service: it mounts \(mountpoint) at every login (journalctl --user -u ubiquityfs shows its log)")
+        return ExitCode.success
+    })
+
+let uninstallServiceCommand = Subcommand(
+    name: "uninstall-service",
+    summary: "stop, disable and remove the systemd user unit",
+    usage: "uninstall-service [--no-disable]",
+    options: [("--no-disable", "remove the unit file only; do not run systemctl")],
+    positionals: 0...0,
+    run: { p in
+        let path = unitPath()
+        if !p.flags.contains("--no-disable"), FileManager.default.fileExists(atPath: path) {
+            let status = runProgram("/usr/bin/systemctl", ["--user", "disable", "--now", "ubiquityfs.service"])
+            if status != 0 { writeError("ubiquityfs uninstall-service: 'systemctl --user disable --now ubiquityfs.service' failed (status \(status)); removing the unit anyway") }
+        }
+        if FileManager.default.fileExists(atPath: path) {
+            try FileManager.default.removeItem(atPath: path)
+            writeOut("removed \(path)")
+        } else {
+            writeOut("no unit at \(path)")
+        }
+        if !p.flags.contains("--no-disable") { _ = runProgram("/usr/bin/systemctl", ["--user", "daemon-reload"]) }
+        return ExitCode.success
+    })

@@ -1,0 +1,161 @@
+// Everyday Linux use: the mount's name in df, mount and findmnt; the checks of a mount point;
+// fstab and mount(8) through mount.fuse3; `install` (binary, man page, completions loaded in
+// bash, zsh and fish); the systemd user unit; and what a newcomer types after scripts/demo.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class EverydayTests: MountTestCase {
+    func testTheMountIsNamedUbiquityFSEverywhere() throws {
+        // A comma in the store's path survives libfuse's option parsing.
+        storeDirOverride = workDir + "/my,store"
+        try mount()
+        let found = assertShell("findmnt -n -o SOURCE,FSTYPE \(shellQuote(mountPoint))").stdout
+        XCTAssertEqual(found.split(whereSeparator: \.isWhitespace).map(String.init), ["ubiquityfs:" + storeDir, "fuse.ubiquityfs"])
+        XCTAssertEqual(assertShell("df --output=source \(shellQuote(mountPoint))").lines.last, "ubiquityfs:" + storeDir)
+        XCTAssertTrue(assertShell("mount").lines.contains("ubiquityfs:\(storeDir) on \(mountPoint) type fuse.ubiquityfs (rw,nosuid,nodev,relatime,user_id=0,group_id=0,default_permissions)"))
+        try unmount()
+    }
+
+    func testAMountPointMustBeEmptyAndNotAMount() throws {
+        XCTAssertTrue(FileManager.default.createFile(atPath: mountPoint + "/left.txt", contents: Data("mine\n".utf8)))
+        let refused = ubiquityfs(mountArguments())
+        XCTAssertEqual(refused.status, 1)
+        XCTAssertEqual(refused.stderr, "ubiquityfs mount: \(mountPoint) is not empty (1 item); a mount would hide what is there until it is unmounted. Choose an empty folder, or pass --allow-non-empty (allow_non_empty in fstab)\n")
+        XCTAssertFalse(isMounted(mountPoint))
+        try mount(extra: ["--allow-non-empty"])
+        XCTAssertFalse(Posix.exists(mountPoint + "/left.txt"), "hidden while mounted")
+        let twice = ubiquityfs(mountArguments(extra: ["--allow-non-empty"]))
+        XCTAssertEqual(twice.status, 1)
+        XCTAssertEqual(twice.stderr, "ubiquityfs mount: \(mountPoint) is already a mount point (fuse.ubiquityfs); unmount it first with 'ubiquityfs unmount \(mountPoint)', or choose another folder\n")
+        // A mount whose daemon died says how to clear it.
+        guard let pid = readDaemonPID() else { return XCTFail("no daemon pid") }
+        kill(pid, SIGKILL)
+        XCTAssertTrue(waitForExit(pid, seconds: 10))
+        let dead = ubiquityfs(mountArguments())
+        XCTAssertEqual(dead.stderr, "ubiquityfs mount: \(mountPoint) is a mount whose daemon is gone; clear it with 'fusermount3 -u \(mountPoint)', then mount again\n")
+        assertShell("fusermount3 -u \(shellQuote(mountPoint))")
+        XCTAssertEqual(Posix.readText(mountPoint + "/left.txt"), "mine\n", "what was there is back")
+    }
+
+    /// `/usr/local/bin/ubiquityfs` (where `install` puts it, on mount.fuse3's PATH) for the length
+    /// of `body`; a binary that was there before is put back.
+    private func withInstalledBinary(_ body: () throws -> Void) throws {
+        let target = "/usr/local/bin/ubiquityfs"
+        let saved = target + ".saved-by-test-\(getpid())"
+        let hadOne = Posix.lstat(target) != nil
+        if hadOne { XCTAssertEqual(rename(target, saved), 0) }
+        defer {
+            unlink(target)
+            if hadOne { rename(saved, target) }
+        }
+        assertShell("install -m 0755 \(shellQuote(Self.binary)) \(target)")
+        try body()
+    }
+
+    func testFstabAndMountThroughMountFuse3() throws {
+        // mount.fuse3's own form, with the program named in the source.
+        assertShell("mount -t fuse \(shellQuote(Self.binary + "#" + storeDir)) \(shellQuote(mountPoint)) -o apps=\(shellQuote(appsDir)),cache_seconds=5,_netdev,nofail,x-gvfs-show")
+        adoptMount(at: mountPoint)
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        try unmount()
+        try withInstalledBinary {
+            // An fstab line with the usual options, mounted by its mount point.
+            let fstab = workDir + "/fstab"
+            try "\(storeDir) \(mountPoint) fuse.ubiquityfs noauto,user,ro,apps=\(appsDir),x-systemd.automount 0 0\n"
+                .write(toFile: fstab, atomically: true, encoding: .utf8)
+            assertShell("mount -T \(shellQuote(fstab)) \(shellQuote(mountPoint))")
+            adoptMount(at: mountPoint)
+            XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+            XCTAssertEqual(assertShell("findmnt -n -o FSTYPE \(shellQuote(mountPoint))").stdout, "fuse.ubiquityfs\n")
+            assertErrno(EROFS, "ro from fstab") { Posix.open(docs("TestDrive") + "/new.txt", O_WRONLY | O_CREAT) }
+            assertShell("umount \(shellQuote(mountPoint))")
+            XCTAssertFalse(isMounted(mountPoint))
+            // mount -t fuse.ubiquityfs; an option it does not know gets one clear line.
+            let bad = sh("mount -t fuse.ubiquityfs -o apps=\(shellQuote(appsDir)),colour=blue \(shellQuote(storeDir)) \(shellQuote(mountPoint))")
+            XCTAssertFalse(bad.succeeded)
+            XCTAssertTrue(bad.stderr.contains("ubiquityfs: unknown mount option 'colour=blue'"), bad.stderr)
+            XCTAssertFalse(isMounted(mountPoint))
+            assertShell("mount -t fuse.ubiquityfs -o apps=\(shellQuote(appsDir)) \(shellQuote(storeDir)) \(shellQuote(mountPoint))")
+            adoptMount(at: mountPoint)
+            XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/x.txt", "x"), 0)
+            try unmount()
+        }
+    }
+
+    func testInstallPutsTheBinaryManPageAndCompletions() throws {
+        let prefix = workDir + "/prefix"
+        let installed = ubiquityfs(["install", "--prefix", prefix])
+        XCTAssertEqual(installed.status, 0, "\(installed)")
+        XCTAssertTrue(FileManager.default.isExecutableFile(atPath: prefix + "/bin/ubiquityfs"))
+        XCTAssertEqual(Command.run([prefix + "/bin/ubiquityfs", "--help"], environment: environment).status, 0)
+        // The man page renders without a warning and has every command.
+        let man = sh("MANWIDTH=100 man --warnings -l \(shellQuote(prefix + "/share/man/man1/ubiquityfs.1"))")
+        XCTAssertTrue(man.succeeded, "\(man)")
+        XCTAssertEqual(man.stderr, "")
+        for word in ["install-service", "FSTAB", "allow_non_empty", "keep-deleted-days"] { XCTAssertTrue(man.stdout.contains(word), word) }
+        // Each shell loads its completion and completes commands and options.
+        let bash = sh("""
+            source \(shellQuote(prefix + "/share/bash-completion/completions/ubiquityfs"))
+            COMP_WORDS=(ubiquityfs ins); COMP_CWORD=1; _ubiquityfs; echo "${COMPREPLY[*]}"
+            COMP_WORDS=(ubiquityfs mount --allow); COMP_CWORD=2; _ubiquityfs; echo "${COMPREPLY[*]}"
+            """)
+        XCTAssertEqual(bash.stdout, "install install-service\n--allow-non-empty\n", "\(bash)")
+        let fish = sh("fish -c 'source \(prefix)/share/fish/vendor_completions.d/ubiquityfs.fish; complete -C \"ubiquityfs tr\"; complete -C \"ubiquityfs trash --old\"'")
+        XCTAssertEqual(fish.stdout.split(separator: "\n").map { String($0.split(separator: "\t").first ?? "") }, ["trash", "--older-than"], "\(fish)")
+        let zsh = sh("""
+            zsh -n \(shellQuote(prefix + "/share/zsh/site-functions/_ubiquityfs"))
+            zsh -fc 'fpath=(\(prefix)/share/zsh/site-functions $fpath); autoload -Uz compinit; compinit -u -d \(workDir)/zcompdump; print -r -- ${_comps[ubiquityfs]}'
+            """)
+        XCTAssertEqual(zsh.stdout, "_ubiquityfs\n", "\(zsh)")
+        let removed = ubiquityfs(["uninstall", "--prefix", prefix])
+        XCTAssertEqual(removed.lines.count, 5, "\(removed)")
+        XCTAssertFalse(Posix.exists(prefix + "/bin/ubiquityfs"))
+    }
+
+    func testTheUserUnitIsValid() throws {
+        let drive = workDir + "/My Drive"
+        let written = ubiquityfs(["install-service", "--no-enable", "--mountpoint", drive])
+        XCTAssertEqual(written.status, 0, "\(written)")
+        let unit = homeDir + "/.config/systemd/user/ubiquityfs.service"
+        let text = try String(contentsOfFile: unit, encoding: .utf8)
+        XCTAssertTrue(text.contains("ExecStart=\"\(URL(fileURLWithPath: Self.binary).resolvingSymlinksInPath().path)\" \"mount\" \"--foreground\" \"--store\" \"\(defaultStoreDir)\""), text)
+        XCTAssertTrue(text.contains("\"\(drive)\"\n"), "a mount point with a space is one word")
+        let verified = sh("systemd-analyze verify --man=no \(shellQuote(unit))")
+        XCTAssertTrue(verified.succeeded && verified.stderr.isEmpty, "\(verified)")
+        XCTAssertEqual(ubiquityfs(["uninstall-service", "--no-disable"]).stdout, "removed \(unit)\n")
+        XCTAssertFalse(Posix.exists(unit))
+    }
+
+    /// scripts/demo, then what a newcomer types next, with no flags at all.
+    func testTheDemoThenTheNewcomersNextCommands() throws {
+        let prefix = workDir + "/prefix"
+        // A manifest of the user's own under a sample's name is kept.
+        let apps = homeDir + "/.config/ubiquityfs/apps"
+        try FileManager.default.createDirectory(atPath: apps, withIntermediateDirectories: true)
+        let own = try String(contentsOfFile: appsDir + "/Notes.plist", encoding: .utf8) + "<!-- mine -->\n"
+        try own.write(toFile: apps + "/Notes.plist", atomically: true, encoding: .utf8)
+        var env = environment
+        env["UBIQUITYFS_BIN"] = Self.binary
+        env["UBIQUITYFS_PREFIX"] = prefix
+        storeDirOverride = defaultStoreDir
+        let drive = homeDir + "/UbiquityDrive"
+        let demo = Command.run(["bash", Self.packageRoot + "/scripts/demo"], timeout: 300, environment: env)
+        adoptMount(at: drive)
+        XCTAssertEqual(demo.status, 0, "\(demo)")
+        XCTAssertTrue(demo.stdout.contains("kept your \(apps)/Notes.plist"), demo.stdout)
+        XCTAssertEqual(try String(contentsOfFile: apps + "/Notes.plist", encoding: .utf8), own)
+        let next = { (command: String) in
+            self.sh("export PATH=\(shellQuote(prefix + "/bin")):$PATH; cd; \(command)")
+        }
+        let containers = next("ubiquityfs containers")
+        XCTAssertTrue(containers.succeeded && containers.stdout.contains("iCloud.com.example.TestDrive"), "\(containers)")
+        let versions = next("ubiquityfs versions ~/UbiquityDrive/TestDrive/MyTextFile.txt")
+        XCTAssertTrue(versions.succeeded && versions.lines.count == 2 && versions.lines[1].hasSuffix("yes"), "\(versions)")
+        XCTAssertTrue(next("ubiquityfs status ~/UbiquityDrive").succeeded)
+        let unmounted = next("ubiquityfs unmount ~/UbiquityDrive")
+        XCTAssertTrue(unmounted.succeeded, "\(unmounted)")
+        XCTAssertFalse(isMounted(drive))
+    }
+}
