@@ -122,7 +122,7 @@ func writeOut(_ text: String) {
 let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand,
                                  restoreCommand, resolveCommand, trashCommand, statusCommand,
                                  installCommand, uninstallCommand, installServiceCommand, uninstallServiceCommand,
-                                 completionCommand, manpageCommand]
+                                 importCommand, exportCommand, completionCommand, manpageCommand]
 func allSubcommands() -> [Subcommand] { subcommands }
 
 let mainUsage = """

@@ -310,6 +310,23 @@ class MountTestCase: XCTestCase {
         if let pid = waitForDaemonPID() { daemonPIDs.insert(pid) }
     }
 
+    /// A mount point something the test runs may mount on: unmounted at clean-up if it is.
+    func mayMount(at mnt: String) { usedMountPoints.insert(mnt) }
+
+    /// The pid of a running `ubiquityfs` whose arguments include all of `arguments`.
+    func ubiquityfsPID(withArguments arguments: [String], seconds: Double = 10) -> pid_t? {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+                guard let pid = pid_t(entry), let data = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
+                let args = data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+                if arguments.allSatisfy(args.contains), isOurDaemon(pid) { return pid }
+            }
+            usleep(5_000)
+        }
+        return nil
+    }
+
     /// The pid of a daemon of this test's store that is still starting (it writes daemon.pid
     /// only once mounted): found by its arguments in /proc, and kept for clean-up.
     func startingDaemonPID(seconds: Double = 10) -> pid_t? {

@@ -1,0 +1,136 @@
+// `import` and `export` (moving documents in and out of a container): checked first, nothing
+// copied if anything does not fit; through the user's mount or a private one; verified; resumed
+// after a kill -9 by running the same command again; progress on a terminal and off it.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class TransferTests: MountTestCase {
+    private var local: String { scratchDir + "/Project" }
+
+    /// `count` files of `size` random bytes in `root`, and a nested folder.
+    private func makeProject(_ root: String, count: Int = 20, size: Int = 3000) {
+        assertShell("""
+            mkdir -p \(shellQuote(root))/notes/old
+            for i in $(seq 1 \(count)); do head -c \(size) /dev/urandom > \(shellQuote(root))/f$i.bin; done
+            echo "read me" > \(shellQuote(root))/notes/README.txt
+            echo "older" > \(shellQuote(root))/notes/old/2025.txt
+            ln -s README.txt \(shellQuote(root))/notes/latest
+            """)
+    }
+
+    func testImportIsCheckedFirstThenCopiedWithAndWithoutAMount() throws {
+        makeProject(local)
+        try mount()
+        let before = ls(docs("Notes"))
+        try unmount()
+        mayMount(at: storeDir + "/transfer-mount")
+        // Notes allows one folder level: notes/old does not fit, and nothing is copied.
+        let refused = ubiquityfs(["import", local, "Notes", "--store", storeDir, "--apps", appsDir])
+        XCTAssertEqual(refused.status, 1)
+        XCTAssertEqual(refused.stderr, """
+            ubiquityfs import: nothing was copied; 1 item does not fit:
+              notes/old: Notes allows one level of folders (NSUbiquitousContainerSupportedFolderLevels One)
+
+            """)
+        // No mount: the command mounts the store privately for its length.
+        let copied = ubiquityfs(["import", local, "SugoiApp/Project", "--store", storeDir, "--apps", appsDir])
+        XCTAssertEqual(copied.status, 0, "\(copied)")
+        XCTAssertTrue(copied.stderr.contains("import: 22 of 22 files (58.6 KiB) in "), copied.stderr)
+        XCTAssertFalse(isMounted(storeDir + "/transfer-mount"), "the private mount is gone")
+        try mount()
+        XCTAssertEqual(ls(docs("Notes")), before)
+        assertShell("diff -r \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        XCTAssertEqual(Posix.readlink(docs("SugoiApp") + "/Project/notes/latest"), "README.txt")
+        // Through the user's mount, --move: the local folder goes once all is verified.
+        let other = scratchDir + "/Other"
+        makeProject(other, count: 3)
+        let moved = ubiquityfs(["import", other, "SugoiApp/Other", "--move", "--store", storeDir])
+        XCTAssertEqual(moved.status, 0, "\(moved)")
+        XCTAssertFalse(Posix.exists(other))
+        XCTAssertEqual(ls(docs("SugoiApp") + "/Other"), ["f1.bin", "f2.bin", "f3.bin", "notes"])
+        // Something of another content under a name: refused, nothing copied.
+        makeProject(other, count: 3)
+        XCTAssertEqual(Posix.writeFile(other + "/f2.bin", "changed"), 0)
+        let clash = ubiquityfs(["import", other, "SugoiApp/Other", "--store", storeDir])
+        XCTAssertEqual(clash.status, 1)
+        XCTAssertTrue(clash.stderr.contains("f2.bin: the container's copy exists with other content"), clash.stderr)
+        try unmount()
+    }
+
+    /// kill -9 halfway through; the same command again finishes, skipping what is there, and no
+    /// file in the container is ever half of its original.
+    func testAnImportKilledHalfwayResumes() throws {
+        makeProject(local, count: 300, size: 20_000)
+        try mount()
+        try unmount()
+        mayMount(at: storeDir + "/transfer-mount")
+        let argv = [Self.binary, "import", local, "SugoiApp/Project", "--store", storeDir, "--apps", appsDir]
+        let done = DispatchSemaphore(value: 0)
+        let env = environment
+        DispatchQueue.global().async {
+            _ = Command.run(argv, timeout: 300, environment: env)
+            done.signal()
+        }
+        let target = storeDir + "/transfer-mount/SugoiApp/Project"
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0) < 100 { usleep(20_000) }
+        guard let pid = ubiquityfsPID(withArguments: ["import", local]) else { return XCTFail("no import running") }
+        kill(pid, SIGKILL)
+        XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
+        let cut = (try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0
+        XCTAssertTrue(cut > 0 && cut < 302, "the kill landed halfway: \(cut) items there")
+        // Every file already under its name is whole.
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: target)) ?? [] where name.hasSuffix(".bin") {
+            XCTAssertTrue(sh("cmp -s \(shellQuote(local + "/" + name)) \(shellQuote(target + "/" + name))").succeeded, name)
+        }
+        let again = Command.run(argv, timeout: 300, environment: env)
+        XCTAssertEqual(again.status, 0, "\(again)")
+        XCTAssertTrue(again.stderr.contains("already there"), again.stderr)
+        XCTAssertFalse(isMounted(storeDir + "/transfer-mount"))
+        try mount()
+        assertShell("diff -r \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        XCTAssertEqual(sh("find \(shellQuote(docs("SugoiApp"))) -name '*.ubiquityfs-partial'").stdout, "", "no partial file left")
+        try unmount()
+    }
+
+    func testExportWithAndWithoutAMountAndRemoveFromCloud() throws {
+        makeProject(local, count: 5)
+        try mount()
+        assertShell("cp -a \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        // Through the mount: keeps the documents in the container.
+        let out = scratchDir + "/out"
+        let kept = ubiquityfs(["export", "SugoiApp/Project", out, "--store", storeDir])
+        XCTAssertEqual(kept.status, 0, "\(kept)")
+        assertShell("diff -r \(shellQuote(local)) \(shellQuote(out))")
+        XCTAssertTrue(Posix.exists(docs("SugoiApp") + "/Project/f1.bin"))
+        // A local file of other content under a name: refused, nothing copied.
+        XCTAssertEqual(Posix.writeFile(out + "/f3.bin", "mine"), 0)
+        let refused = ubiquityfs(["export", "SugoiApp/Project", out, "--store", storeDir])
+        XCTAssertEqual(refused.status, 1)
+        XCTAssertTrue(refused.stderr.contains("f3.bin: the local copy exists with other content"), refused.stderr)
+        XCTAssertEqual(Posix.readText(out + "/f3.bin"), "mine")
+        try unmount()
+        // Without a mount, and out of the cloud: the documents go to Recently Deleted.
+        mayMount(at: storeDir + "/transfer-mount")
+        let away = scratchDir + "/away"
+        let removed = ubiquityfs(["export", "SugoiApp/Project", away, "--remove-from-cloud", "--store", storeDir, "--apps", appsDir])
+        XCTAssertEqual(removed.status, 0, "\(removed)")
+        assertShell("diff -r \(shellQuote(local)) \(shellQuote(away))")
+        try mount()
+        XCTAssertFalse(Posix.exists(docs("SugoiApp") + "/Project"))
+        XCTAssertTrue(ubiquityfs(["trash", "list", "--store", storeDir]).stdout.contains("SugoiApp/Project/f1.bin"))
+        try unmount()
+    }
+
+    /// On a terminal a bar redrawn in place; elsewhere plain lines (as the other tests see).
+    func testProgressOnATerminal() throws {
+        makeProject(local, count: 50)
+        try mount()
+        let r = assertShell("script -qec \(shellQuote([Self.binary, "import", local, "SugoiApp/Project", "--store", storeDir].map(shellQuote).joined(separator: " "))) /dev/null")
+        XCTAssertTrue(r.stdout.contains("\r[########################] import: 52/52 files"), r.stdout)
+        XCTAssertTrue(r.stdout.contains("import: 52 of 52 files"), r.stdout)
+        try unmount()
+    }
+}
