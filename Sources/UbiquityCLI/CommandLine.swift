@@ -148,7 +148,8 @@ public func runCommandLine(_ arguments: [String]) -> Int32 {
     }
     guard let command = subcommands.first(where: { $0.name == first }) else {
         // `mount.fuse3` (fstab, `mount -t fuse.ubiquityfs`) runs `ubiquityfs SOURCE MOUNTPOINT -o OPTS`.
-        if arguments.count >= 2, !first.hasPrefix("-") {
+        // (Only with -o, which mount.fuse3 always passes: a mistyped command is not a mount.)
+        if arguments.count >= 3, !first.hasPrefix("-"), arguments.contains(where: { $0.hasPrefix("-o") }) {
             do { return runCommandLine(try mountHelperArguments(arguments)) } catch let e as UsageError {
                 writeError("ubiquityfs: \(e.message)\nusage (from mount.fuse3 or fstab): ubiquityfs STORE|ubiquityfs MOUNTPOINT [-o OPTIONS]")
                 return ExitCode.usage

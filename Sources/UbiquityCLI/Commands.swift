@@ -376,11 +376,16 @@ final class Logger: @unchecked Sendable {
 let unmountCommand = Subcommand(
     name: "unmount",
     summary: "unmount, then wait for the daemon to publish pending work and stop",
-    usage: "unmount MOUNTPOINT",
-    options: [],
+    usage: "unmount [--if-dead] MOUNTPOINT",
+    options: [("--if-dead", "only clear the mount of a daemon that is gone; anything else is left alone (exit 0)")],
     positionals: 1...1,
     run: { p in
         let mountpoint = absolutePath(p.positionals[0])
+        if p.flags.contains("--if-dead") {
+            var st = statvfs()
+            guard isMounted(mountpoint), statvfs(mountpoint, &st) != 0, errno == ENOTCONN else { return ExitCode.success }
+            return runProgram("/bin/fusermount3", ["-uz", mountpoint]) == 0 ? ExitCode.success : ExitCode.failure
+        }
         var buffer = [UInt8](repeating: 0, count: 32)
         let n = c_getxattr(mountpoint, "user.ubiquityfs.daemon-pid", &buffer, buffer.count)
         let pid: pid_t? = n > 0 ? pid_t(String(decoding: buffer[0..<n], as: UTF8.self)) : nil

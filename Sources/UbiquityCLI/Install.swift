@@ -110,12 +110,12 @@ func completionScript(_ shell: String) -> String? {
               case ${COMP_WORDS[1]} in
             \(cases)  esac
               case $prev in
-                \(folderOptions.sorted().joined(separator: "|"))) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+                \(folderOptions.sorted().joined(separator: "|"))) mapfile -t COMPREPLY < <(compgen -d -- "$cur"); return ;;
               esac
               if [[ $cur == -* ]]; then
                 COMPREPLY=($(compgen -W "$opts" -- "$cur"))
               else
-                COMPREPLY=($(compgen -f -- "$cur"))
+                mapfile -t COMPREPLY < <(compgen -f -- "$cur")
               fi
             }
             complete -o filenames -F _ubiquityfs ubiquityfs
@@ -131,7 +131,8 @@ func completionScript(_ shell: String) -> String? {
             let specs = c.options.filter { $0.0 != "--ready-fd=" }.map { option -> String in
                 let name = option.0.hasSuffix("=") ? String(option.0.dropLast()) : option.0
                 let value = option.0.hasSuffix("=") ? (folderOptions.contains(name) ? ":folder:_files -/" : ":value:") : ""
-                return "'\(name)[\(quoted(option.1))]\(value)'"
+                // -o may be given more than once.
+                return "'\(name == "-o" ? "*" : "")\(name)[\(quoted(option.1))]\(value)'"
             }
             cases += "    \(c.name)) _arguments \((specs + ["'*:file:_files'"]).joined(separator: " ")) ;;\n"
         }
@@ -268,27 +269,29 @@ private func unitPath() -> String {
     return config + "/systemd/user/ubiquityfs.service"
 }
 
-/// One word of an ExecStart line: quoted, with systemd's specifiers (%) and escapes doubled.
+/// One word of an Exec line: quoted, with systemd's escapes, specifiers (%) and variables ($)
+/// doubled.
 private func unitWord(_ s: String) -> String {
     "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
-        .replacingOccurrences(of: "%", with: "%%") + "\""
+        .replacingOccurrences(of: "%", with: "%%").replacingOccurrences(of: "$", with: "$$") + "\""
 }
 
-func serviceUnit(binary: String, mountpoint: String, store: String, apps: String, fusermount: String) -> String {
+func serviceUnit(binary: String, mountpoint: String, store: String, apps: String) -> String {
     let start = [binary, "mount", "--foreground", "--store", store, "--apps", apps, mountpoint].map(unitWord).joined(separator: " ")
     return """
         # Written by 'ubiquityfs install-service'; 'ubiquityfs uninstall-service' removes it.
         [Unit]
-        Description=UbiquityFS: ubiquitous containers at \(mountpoint.replacingOccurrences(of: "%", with: "%%"))
+        Description=UbiquityFS: ubiquitous containers at \(mountpoint.replacingOccurrences(of: "%", with: "%%").replacingOccurrences(of: "$", with: "$$"))
         Documentation=man:ubiquityfs(1)
 
         [Service]
         Type=simple
         ExecStartPre=/usr/bin/mkdir -p \(unitWord(mountpoint))
+        # After a crash the dead mount is cleared, so that the restart can mount; a live mount
+        # (made by hand, say) is left alone, and the start then fails saying so.
+        ExecStartPre=\(unitWord(binary)) unmount --if-dead \(unitWord(mountpoint))
         ExecStart=\(start)
-        # A stop is SIGTERM: the daemon publishes what is pending and unmounts. After a crash, the
-        # dead mount is cleared so that the restart can mount again.
-        ExecStopPost=-\(unitWord(fusermount)) -uz \(unitWord(mountpoint))
+        # A stop is SIGTERM: the daemon publishes what is pending and unmounts.
         TimeoutStopSec=90
         Restart=on-failure
         RestartSec=5
@@ -315,10 +318,12 @@ let installServiceCommand = Subcommand(
         let mountpoint = absolutePath(p.value("--mountpoint") ?? home() + "/UbiquityDrive")
         let store = absolutePath(p.value("--store") ?? defaultStoreDirectory())
         let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
-        let fusermount = ["/usr/bin/fusermount3", "/bin/fusermount3"].first { FileManager.default.isExecutableFile(atPath: $0) } ?? "fusermount3"
+        for folder in [binary, mountpoint, store, apps] where folder.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7f }) {
+            throw UsageError(message: "\(folder.debugDescription): a control character cannot go into a systemd unit")
+        }
         let path = unitPath()
         try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        try serviceUnit(binary: binary, mountpoint: mountpoint, store: store, apps: apps, fusermount: fusermount)
+        try serviceUnit(binary: binary, mountpoint: mountpoint, store: store, apps: apps)
             .write(toFile: path, atomically: true, encoding: .utf8)
         writeOut("wrote \(path)")
         if binary.contains("/.build/") {

@@ -1,13 +1,14 @@
 // Mounting from /etc/fstab and `mount -t fuse.ubiquityfs`: mount(8) hands fuse.* types to
-// mount.fuse3, which runs `ubiquityfs SOURCE MOUNTPOINT -o OPTIONS` (having dropped what only
-// mount(8) reads: noauto, user, nofail, _netdev, x-*). This turns that into `ubiquityfs mount …`.
+// mount.fuse3, which runs `ubiquityfs SOURCE MOUNTPOINT -o OPTIONS` (having dropped user, nouser,
+// users, auto, noauto, nofail and _netdev, and added dev,suid unless nodev or nosuid was given).
+// This turns that into `ubiquityfs mount …`.
 // Also the checks every mount makes of its mount point.
 
 import Foundation
 
 /// Options the kernel or libfuse takes as they are.
 private let passedOptions: Set<String> = [
-    "ro", "noexec", "exec", "nosuid", "suid", "nodev", "dev", "allow_other", "allow_root", "auto_unmount",
+    "ro", "noexec", "exec", "nosuid", "nodev", "allow_other", "allow_root", "auto_unmount",
     "noatime", "atime", "sync", "async", "dirsync",
 ]
 
@@ -15,6 +16,9 @@ private let passedOptions: Set<String> = [
 private let ignoredOptions: Set<String> = [
     "rw", "defaults", "auto", "noauto", "user", "users", "nouser", "owner", "group", "nofail", "_netdev",
     "nobootwait", "silent", "loud",
+    // mount.fuse3 adds these to every line that does not say nodev or nosuid; files synced from
+    // another device must not be honoured as setuid or as devices (libfuse's default).
+    "dev", "suid",
     // libfuse does not take these; relatime is what the kernel does anyway.
     "relatime", "norelatime", "strictatime",
 ]
@@ -54,6 +58,9 @@ func mountHelperArguments(_ args: [String]) throws -> [String] {
     guard positionals.count == 2 else {
         throw UsageError(message: positionals.count < 2 ? "missing the mount point" : "unexpected argument \(positionals[2])")
     }
+    guard positionals[0].hasPrefix("/") || ["ubiquityfs", "none", "default"].contains(positionals[0]) else {
+        throw UsageError(message: "the store must be an absolute path (or ubiquityfs for the default one)")
+    }
     var out = ["mount"]
     let source = positionals[0]
     if !["ubiquityfs", "none", "default"].contains(source) { out += ["--store", source] }
@@ -62,7 +69,8 @@ func mountHelperArguments(_ args: [String]) throws -> [String] {
         let (name, value) = option.split(separator: "=", maxSplits: 1).map(String.init).pairOrNil()
         if passedOptions.contains(option) {
             passed.append(option)
-        } else if ignoredOptions.contains(option) || name.hasPrefix("x-") || name == "comment" {
+        } else if ignoredOptions.contains(option) || ignoredOptions.contains(name) || name.hasPrefix("x-") || name == "comment" {
+            // (`user=NAME` is how mount(8) tells the helper who mounted a `user` line.)
             continue
         } else if let flag = valuedOptions[name] {
             guard let value, !value.isEmpty else { throw UsageError(message: "mount option \(name) needs a value (\(name)=…)") }
@@ -102,7 +110,8 @@ private extension Array where Element == String {
 /// the first), or a folder with files in it (they would be hidden until the unmount), unless
 /// `allowNonEmpty`.
 func mountpointProblem(_ path: String, allowNonEmpty: Bool) -> String? {
-    if let type = mountType(at: path) {
+    // systemd's automount point (x-systemd.automount) is autofs until the first access mounts.
+    if let type = mountType(at: path), type != "autofs" {
         // statfs always asks the daemon (a stat may be answered from the kernel's cache).
         var st = statvfs()
         if statvfs(path, &st) != 0 && errno == ENOTCONN {
@@ -133,7 +142,7 @@ func mountType(at path: String) -> String? {
 }
 
 /// The kernel writes space, tab, newline and backslash in mount fields as octal escapes.
-private func unescapeMountField(_ field: Substring) -> String {
+func unescapeMountField(_ field: Substring) -> String {
     var bytes: [UInt8] = []
     let raw = Array(field.utf8)
     var i = 0

@@ -51,7 +51,17 @@ let exportCommand = Subcommand(
 
 /// One item of a tree, by its path relative to the tree's root.
 private struct Item {
-    enum Kind: Equatable { case folder, file, symlink(String) }
+    enum Kind: Equatable {
+        case folder, file, symlink(String), other
+        var word: String {
+            switch self {
+            case .folder: return "a folder"
+            case .file: return "a file"
+            case .symlink: return "a symbolic link"
+            case .other: return "a FIFO, socket or device"
+            }
+        }
+    }
     var path: String
     var kind: Kind
     var size: UInt64
@@ -71,6 +81,9 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
         throw UsageError(message: "no container named \(name) in the store (see 'ubiquityfs containers')")
     }
     let inside = Array(parts.dropFirst())
+    if inside.contains(where: { $0 == "." || $0 == ".." }) {
+        throw UsageError(message: "\(remote): a path in the container cannot have . or .. in it")
+    }
     let localRoot = absolutePath(local)
 
     let mount = try TransferMount(store: storeDir, apps: absolutePath(p.value("--apps") ?? defaultAppsDirectory()))
@@ -80,6 +93,23 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
         return ExitCode.failure
     }
     let remoteRoot = ([documents] + inside).joined(separator: "/")
+    // Each folder on the way must be a real folder in the container, not a link out of it.
+    var walked = documents
+    for part in inside {
+        walked += "/" + part
+        guard let kind = kindAt(walked) else { break }
+        guard kind == .folder else {
+            writeError("ubiquityfs \(verb): \(remote): \(part) is not a folder in the container")
+            return ExitCode.failure
+        }
+    }
+    // Never both ends of one tree: every file would look copied already, and a move would
+    // delete the only copy.
+    let realLocal = realPath(localRoot), realRemote = realPath(remoteRoot)
+    if realLocal == realRemote || realLocal.hasPrefix(realRemote + "/") || realRemote.hasPrefix(realLocal + "/") {
+        writeError("ubiquityfs \(verb): \(localRoot) and \(remote) are the same files, or one holds the other")
+        return ExitCode.failure
+    }
     let (source, destination) = exporting ? (remoteRoot, localRoot) : (localRoot, remoteRoot)
 
     // The plan.
@@ -90,7 +120,8 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
         return ExitCode.failure
     }
     let items = scan(source, problems: &problems)
-    let limit: Int? = exporting ? nil : ["None": 0, "One": 1][container.folderLevels]
+    // The folder levels hold in the drive view; an app's own view has none.
+    let limit: Int? = exporting || !mount.isDriveView(documents, of: container) ? nil : levelsLimit(container.folderLevels)
     var existing: [String: Item.Kind] = [:]
     let depthBelow = exporting ? 0 : inside.count
     for item in items {
@@ -110,7 +141,7 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
                     problems.append("\(item.path): \(exporting ? "the local" : "the container's") copy exists with other content; move it away, or \(verb) elsewhere")
                 }
             case (.symlink(let a), .symlink(let b)) where a == b: break
-            default: problems.append("\(item.path): the destination has something else of that name")
+            default: problems.append("\(item.path): the destination has something else of that name (\(kind.word), not \(item.kind.word))")
             }
         }
     }
@@ -133,15 +164,26 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
         writeError("ubiquityfs \(verb): cannot make \(destination): \(error)")
         return ExitCode.failure
     }
+    let stop = StopOnSignal()
+    defer { stop.restore() }
     for item in items {
+        if stop.requested {
+            failures.append("interrupted: the rest was not copied")
+            break
+        }
         let from = source + "/" + item.path, to = destination + "/" + item.path
         do {
             switch item.kind {
+            case .other:
+                break   // never an item: the plan reports these
             case .folder:
                 if existing[item.path] == nil { try makeFolder(to) }
             case .symlink(let target):
                 if existing[item.path] == nil { try check(symlink(target, to), "symlink \(to)") }
-                if removeSource { try check(unlink(from), "remove \(from)") }
+                if removeSource, !sameFile(from, to) {
+                    try syncFolder(of: to)
+                    try check(unlink(from), "remove \(from)")
+                }
             case .file:
                 if existing[item.path] == nil {
                     try copyFile(from, to)
@@ -149,7 +191,11 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
                     skipped += 1
                 }
                 if !sameBytes(from, to, dropCache: true) { throw TransferError("the copy does not read back as the original") }
-                if removeSource { try check(unlink(from), "remove \(from)") }
+                if removeSource {
+                    guard !sameFile(from, to) else { throw TransferError("the copy is the original itself; it stays") }
+                    try syncFolder(of: to)
+                    try check(unlink(from), "remove \(from)")
+                }
                 progress.done(bytes: item.size)
             }
         } catch {
@@ -214,8 +260,15 @@ private func scan(_ root: String, problems: inout [String]) -> [Item] {
     return out
 }
 
-private let partialSuffix = ".ubiquityfs-partial"
-private func isPartial(_ name: String) -> Bool { name.hasPrefix(".") && name.hasSuffix(partialSuffix) }
+/// The partial file of `name` (FNV-1a of the name: short whatever the name's length, and the
+/// same on every run, so a run that was cut short leaves one partial per file at most).
+private let partialPrefix = ".ubiquityfs-partial-"
+private func partialName(of name: String) -> String {
+    var h: UInt64 = 0xcbf2_9ce4_8422_2325
+    for b in name.utf8 { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+    return partialPrefix + String(h, radix: 16)
+}
+private func isPartial(_ name: String) -> Bool { name.hasPrefix(partialPrefix) }
 
 private func kindAt(_ path: String) -> Item.Kind? {
     var st = stat()
@@ -223,7 +276,8 @@ private func kindAt(_ path: String) -> Item.Kind? {
     switch st.st_mode & S_IFMT {
     case S_IFDIR: return .folder
     case S_IFLNK: return .symlink((try? FileManager.default.destinationOfSymbolicLink(atPath: path)) ?? "")
-    default: return .file
+    case S_IFREG: return .file
+    default: return .other
     }
 }
 
@@ -234,14 +288,16 @@ private func makeFolder(_ path: String) throws {
 /// Copy `from` to `to` through `.NAME.ubiquityfs-partial` beside it: written, synced, renamed.
 private func copyFile(_ from: String, _ to: String) throws {
     let folder = (to as NSString).deletingLastPathComponent, name = (to as NSString).lastPathComponent
-    let partial = folder + "/." + name + partialSuffix
+    let partial = folder + "/" + partialName(of: name)
     let input = open(from, O_RDONLY | O_CLOEXEC)
     guard input >= 0 else { throw TransferError("cannot read: \(String(cString: strerror(errno)))") }
     defer { close(input) }
     var st = stat()
     fstat(input, &st)
-    // A partial file left by a run that was cut short is written over, not left behind.
-    let output = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st.st_mode & 0o777)
+    // A partial file left by a run that was cut short goes first; the new one is made afresh
+    // (never through a link someone put at its name), private until it is complete.
+    unlink(partial)
+    let output = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
     guard output >= 0 else { throw TransferError("cannot write \(partial): \(String(cString: strerror(errno)))") }
     var buffer = [UInt8](repeating: 0, count: 1 << 20)
     var failure: String?
@@ -256,6 +312,7 @@ private func copyFile(_ from: String, _ to: String) throws {
             off += w
         }
     }
+    if failure == nil, fchmod(output, st.st_mode & 0o7777) != 0 { failure = "chmod: \(String(cString: strerror(errno)))" }
     if failure == nil, fsync(output) != 0 { failure = "fsync: \(String(cString: strerror(errno)))" }
     if close(output) != 0, failure == nil { failure = "close: \(String(cString: strerror(errno)))" }
     if let failure {
@@ -270,11 +327,13 @@ private func copyFile(_ from: String, _ to: String) throws {
 /// Whether two files hold the same bytes; `dropCache` first asks the kernel to forget its cached
 /// pages of `b`, so that they are read again from where they are kept.
 private func sameBytes(_ a: String, _ b: String, dropCache: Bool = false) -> Bool {
-    let fa = open(a, O_RDONLY | O_CLOEXEC), fb = open(b, O_RDONLY | O_CLOEXEC)
+    // Non-blocking, and regular files only: a FIFO put at a name must not hang the command.
+    let fa = open(a, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW), fb = open(b, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)
     defer { if fa >= 0 { close(fa) }; if fb >= 0 { close(fb) } }
     guard fa >= 0, fb >= 0 else { return false }
     var sa = stat(), sb = stat()
-    guard fstat(fa, &sa) == 0, fstat(fb, &sb) == 0, sa.st_size == sb.st_size else { return false }
+    guard fstat(fa, &sa) == 0, fstat(fb, &sb) == 0, sa.st_mode & S_IFMT == S_IFREG, sb.st_mode & S_IFMT == S_IFREG,
+          sa.st_size == sb.st_size else { return false }
     if dropCache { _ = posix_fadvise(fb, 0, 0, POSIX_FADV_DONTNEED) }
     var ba = [UInt8](repeating: 0, count: 1 << 20), bb = [UInt8](repeating: 0, count: 1 << 20)
     while true {
@@ -296,21 +355,34 @@ private func readFully(_ fd: Int32, _ buffer: inout [UInt8]) -> Int {
     return total
 }
 
-/// A mount of the store to transfer through: the user's, or a private one for this command.
+/// A mount of the store to transfer through: the user's, or a private one of this command's
+/// own at STORE/transfer-mount.PID (one per command, so two never share or unmount each other's).
 private final class TransferMount {
     let path: String
     private let privateMount: Bool
+    static let privatePrefix = "/transfer-mount."
 
     init(store: String, apps: String) throws {
-        if let found = Self.mounts(of: store).first(where: { !$0.hasSuffix("/transfer-mount") }) ?? Self.mounts(of: store).first {
-            path = found
-            privateMount = found == store + "/transfer-mount"
+        let mounts = Self.mounts(of: store)
+        // A private mount whose command is gone (killed) is unmounted and its folder removed.
+        for m in mounts where m.hasPrefix(store + Self.privatePrefix) {
+            let owner = pid_t(m.dropFirst(store.count + Self.privatePrefix.count)) ?? 0
+            if owner <= 0 || (kill(owner, 0) != 0 && errno == ESRCH) {
+                if runProgram(runningBinary(), ["unmount", m]) == 0 { _ = rmdir(m) }
+            }
+        }
+        if let mine = mounts.first(where: { !$0.hasPrefix(store + Self.privatePrefix) }) {
+            path = mine
+            privateMount = false
             return
         }
-        let mnt = store + "/transfer-mount"
+        let mnt = store + Self.privatePrefix + String(getpid())
         try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
         let status = runProgram(runningBinary(), ["mount", "--store", store, "--apps", apps, mnt])
-        guard status == 0 else { throw TransferError("cannot mount the store at \(mnt) for the transfer (status \(status))") }
+        guard status == 0 else {
+            _ = rmdir(mnt)
+            throw TransferError("cannot mount the store at \(mnt) for the transfer (status \(status))")
+        }
         path = mnt
         privateMount = true
     }
@@ -321,7 +393,7 @@ private final class TransferMount {
         return text.split(separator: "\n").compactMap { line -> String? in
             let f = line.split(separator: " ")
             guard f.count > 2, f[2] == "fuse.ubiquityfs" else { return nil }
-            let mnt = String(f[1]).replacingOccurrences(of: "\\040", with: " ")
+            let mnt = unescapeMountField(f[1])
             return storeOfMount(mnt) == store ? mnt : nil
         }
     }
@@ -329,18 +401,65 @@ private final class TransferMount {
     /// Where the container's Documents folder is in this mount: `NAME` in a drive view,
     /// `IDENTIFIER/Documents` in its app's view.
     func documents(of c: ContainerRecord) -> String? {
-        let drive = path + "/" + c.name
-        var buffer = [UInt8](repeating: 0, count: 1024)
-        let n = buffer.withUnsafeMutableBytes { c_getxattr(drive, "user.ubiquity.container", $0.baseAddress, $0.count) }
-        if n > 0, String(decoding: buffer[0..<n], as: UTF8.self) == c.identifier { return drive }
+        if isDriveView(path + "/" + c.name, of: c) { return path + "/" + c.name }
         let app = path + "/" + c.identifier + "/Documents"
         return FileManager.default.fileExists(atPath: app) ? app : nil
+    }
+
+    /// Whether `documents` is `c`'s folder in a drive view (where its folder levels hold).
+    func isDriveView(_ documents: String, of c: ContainerRecord) -> Bool {
+        guard documents == path + "/" + c.name else { return false }
+        var buffer = [UInt8](repeating: 0, count: 1024)
+        let n = buffer.withUnsafeMutableBytes { c_getxattr(documents, "user.ubiquity.container", $0.baseAddress, $0.count) }
+        return n > 0 && String(decoding: buffer[0..<n], as: UTF8.self) == c.identifier
     }
 
     func finish() {
         guard privateMount else { return }
         if runProgram(runningBinary(), ["unmount", path]) == 0 { _ = rmdir(path) }
     }
+}
+
+/// The deepest folder level a container's setting allows (nil: any), as the filesystem reads it.
+private func levelsLimit(_ levels: String) -> Int? {
+    switch levels {
+    case "Any": return nil
+    case "One": return 1
+    default: return 0
+    }
+}
+
+private func realPath(_ path: String) -> String {
+    guard let r = realpath(path, nil) else { return path }
+    defer { free(r) }
+    return String(cString: r)
+}
+
+/// Whether two paths name one file (the same device and inode).
+private func sameFile(_ a: String, _ b: String) -> Bool {
+    var sa = stat(), sb = stat()
+    return lstat(a, &sa) == 0 && lstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino
+}
+
+/// Make the name just given to `path` durable before its source goes.
+private func syncFolder(of path: String) throws {
+    let fd = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard fd >= 0 else { throw TransferError("cannot open the folder of \(path): \(String(cString: strerror(errno)))") }
+    defer { close(fd) }
+    try check(fsync(fd), "fsync the folder of \(path)")
+}
+
+/// SIGINT, SIGTERM and SIGHUP ask the copy to stop after the item in hand, so the command still
+/// unmounts its private mount and says what was not copied.
+nonisolated(unsafe) private var stopRequested: sig_atomic_t = 0
+private final class StopOnSignal {
+    private var saved: [(Int32, sighandler_t?)] = []
+    init() {
+        stopRequested = 0
+        for sig in [SIGINT, SIGTERM, SIGHUP] { saved.append((sig, signal(sig) { _ in stopRequested = 1 })) }
+    }
+    var requested: Bool { stopRequested != 0 }
+    func restore() { for (sig, handler) in saved { signal(sig, handler) } }
 }
 
 /// Progress on stderr: one line redrawn in place on a terminal, a plain line a second otherwise.

@@ -43,12 +43,16 @@ final class EverydayTests: MountTestCase {
     /// of `body`; a binary that was there before is put back.
     private func withInstalledBinary(_ body: () throws -> Void) throws {
         let target = "/usr/local/bin/ubiquityfs"
-        let saved = target + ".saved-by-test-\(getpid())"
+        let saved = target + ".saved-by-ubiquityfs-tests"
+        // A run killed before it put one back left it here.
+        if Posix.lstat(saved) != nil { XCTAssertEqual(rename(saved, target), 0, "restore \(saved)") }
         let hadOne = Posix.lstat(target) != nil
-        if hadOne { XCTAssertEqual(rename(target, saved), 0) }
+        // A second name first: the one there is never lost, whatever happens after.
+        if hadOne, link(target, saved) != 0 {
+            throw FixtureError("cannot keep \(target) aside as \(saved): \(Posix.describe(errno))")
+        }
         defer {
-            unlink(target)
-            if hadOne { rename(saved, target) }
+            if hadOne { rename(saved, target) } else { unlink(target) }
         }
         assertShell("install -m 0755 \(shellQuote(Self.binary)) \(target)")
         try body()
@@ -122,6 +126,13 @@ final class EverydayTests: MountTestCase {
         let text = try String(contentsOfFile: unit, encoding: .utf8)
         XCTAssertTrue(text.contains("ExecStart=\"\(URL(fileURLWithPath: Self.binary).resolvingSymlinksInPath().path)\" \"mount\" \"--foreground\" \"--store\" \"\(defaultStoreDir)\""), text)
         XCTAssertTrue(text.contains("\"\(drive)\"\n"), "a mount point with a space is one word")
+        XCTAssertTrue(text.contains("ExecStartPre=\"\(URL(fileURLWithPath: Self.binary).resolvingSymlinksInPath().path)\" unmount --if-dead"), text)
+        // systemd's % and $ are written so that they stay themselves.
+        let odd = ubiquityfs(["install-service", "--no-enable", "--mountpoint", workDir + "/100% $HOME"])
+        XCTAssertEqual(odd.status, 0, "\(odd)")
+        let oddText = try String(contentsOfFile: unit, encoding: .utf8)
+        XCTAssertTrue(oddText.contains("\"\(workDir)/100%% $$HOME\"\n"), oddText)
+        XCTAssertTrue(sh("systemd-analyze verify --man=no \(shellQuote(unit))").succeeded)
         let verified = sh("systemd-analyze verify --man=no \(shellQuote(unit))")
         XCTAssertTrue(verified.succeeded && verified.stderr.isEmpty, "\(verified)")
         XCTAssertEqual(ubiquityfs(["uninstall-service", "--no-disable"]).stdout, "removed \(unit)\n")

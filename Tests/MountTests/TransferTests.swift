@@ -25,7 +25,6 @@ final class TransferTests: MountTestCase {
         try mount()
         let before = ls(docs("Notes"))
         try unmount()
-        mayMount(at: storeDir + "/transfer-mount")
         // Notes allows one folder level: notes/old does not fit, and nothing is copied.
         let refused = ubiquityfs(["import", local, "Notes", "--store", storeDir, "--apps", appsDir])
         XCTAssertEqual(refused.status, 1)
@@ -38,7 +37,7 @@ final class TransferTests: MountTestCase {
         let copied = ubiquityfs(["import", local, "SugoiApp/Project", "--store", storeDir, "--apps", appsDir])
         XCTAssertEqual(copied.status, 0, "\(copied)")
         XCTAssertTrue(copied.stderr.contains("import: 22 of 22 files (58.6 KiB) in "), copied.stderr)
-        XCTAssertFalse(isMounted(storeDir + "/transfer-mount"), "the private mount is gone")
+        XCTAssertEqual(fuseMounts(under: storeDir), [], "the private mount is gone")
         try mount()
         XCTAssertEqual(ls(docs("Notes")), before)
         assertShell("diff -r \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
@@ -65,7 +64,6 @@ final class TransferTests: MountTestCase {
         makeProject(local, count: 300, size: 20_000)
         try mount()
         try unmount()
-        mayMount(at: storeDir + "/transfer-mount")
         let argv = [Self.binary, "import", local, "SugoiApp/Project", "--store", storeDir, "--apps", appsDir]
         let done = DispatchSemaphore(value: 0)
         let env = environment
@@ -73,9 +71,12 @@ final class TransferTests: MountTestCase {
             _ = Command.run(argv, timeout: 300, environment: env)
             done.signal()
         }
-        let target = storeDir + "/transfer-mount/SugoiApp/Project"
+        var target = ""
         let deadline = Date().addingTimeInterval(60)
-        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0) < 100 { usleep(20_000) }
+        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0) < 100 {
+            if let m = fuseMounts(under: storeDir).first { target = m + "/SugoiApp/Project" }
+            usleep(20_000)
+        }
         guard let pid = ubiquityfsPID(withArguments: ["import", local]) else { return XCTFail("no import running") }
         kill(pid, SIGKILL)
         XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
@@ -88,10 +89,35 @@ final class TransferTests: MountTestCase {
         let again = Command.run(argv, timeout: 300, environment: env)
         XCTAssertEqual(again.status, 0, "\(again)")
         XCTAssertTrue(again.stderr.contains("already there"), again.stderr)
-        XCTAssertFalse(isMounted(storeDir + "/transfer-mount"))
+        XCTAssertEqual(fuseMounts(under: storeDir), [], "the killed run's private mount and this one's are gone")
         try mount()
         assertShell("diff -r \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
         XCTAssertEqual(sh("find \(shellQuote(docs("SugoiApp"))) -name '*.ubiquityfs-partial'").stdout, "", "no partial file left")
+        try unmount()
+    }
+
+    /// What must never happen: a path out of the container, both ends one tree (a move would
+    /// delete the only copy), a FIFO where a file goes.
+    func testWhatATransferRefuses() throws {
+        makeProject(local, count: 2)
+        try mount()
+        for remote in ["SugoiApp/../TestDrive", "SugoiApp/./x", "SugoiApp/a/../.."] {
+            let r = ubiquityfs(["export", remote, scratchDir + "/out", "--remove-from-cloud", "--store", storeDir])
+            XCTAssertEqual(r.status, 64, "\(remote): \(r)")
+        }
+        assertShell("cp -a \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        for args in [["import", docs("SugoiApp") + "/Project", "SugoiApp/Project", "--move"],
+                     ["export", "SugoiApp/Project", docs("SugoiApp") + "/Project/inner", "--remove-from-cloud"]] {
+            let r = ubiquityfs(args + ["--store", storeDir])
+            XCTAssertEqual(r.status, 1, "\(r)")
+            XCTAssertTrue(r.stderr.contains("are the same files, or one holds the other"), r.stderr)
+        }
+        assertShell("diff -r \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        let out = scratchDir + "/out"
+        assertShell("mkdir -p \(shellQuote(out)) && mkfifo \(shellQuote(out + "/f1.bin"))")
+        let fifo = ubiquityfs(["export", "SugoiApp/Project", out, "--store", storeDir], timeout: 30)
+        XCTAssertEqual(fifo.status, 1, "\(fifo)")
+        XCTAssertTrue(fifo.stderr.contains("f1.bin: the destination has something else of that name (a FIFO, socket or device, not a file)"), fifo.stderr)
         try unmount()
     }
 
@@ -113,7 +139,6 @@ final class TransferTests: MountTestCase {
         XCTAssertEqual(Posix.readText(out + "/f3.bin"), "mine")
         try unmount()
         // Without a mount, and out of the cloud: the documents go to Recently Deleted.
-        mayMount(at: storeDir + "/transfer-mount")
         let away = scratchDir + "/away"
         let removed = ubiquityfs(["export", "SugoiApp/Project", away, "--remove-from-cloud", "--store", storeDir, "--apps", appsDir])
         XCTAssertEqual(removed.status, 0, "\(removed)")

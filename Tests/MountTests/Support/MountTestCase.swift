@@ -116,6 +116,7 @@ class MountTestCase: XCTestCase {
     /// Unmounts, kills and removes whatever this test left; safe to call more than once.
     private func cleanUp() {
         guard !workDir.isEmpty else { return }
+        usedMountPoints.formUnion(fuseMounts(under: workDir))
         for mnt in usedMountPoints.union([mountPoint]) where isMounted(mnt) {
             if !Command.run(["fusermount3", "-u", mnt], timeout: 20).succeeded || isMounted(mnt) {
                 _ = Command.run(["fusermount3", "-uz", mnt], timeout: 20)
@@ -310,8 +311,15 @@ class MountTestCase: XCTestCase {
         if let pid = waitForDaemonPID() { daemonPIDs.insert(pid) }
     }
 
-    /// A mount point something the test runs may mount on: unmounted at clean-up if it is.
-    func mayMount(at mnt: String) { usedMountPoints.insert(mnt) }
+    /// FUSE mounts whose mount point is under `folder` (a command's private mount, say).
+    func fuseMounts(under folder: String) -> [String] {
+        guard let text = try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8) else { return [] }
+        return text.split(separator: "\n").compactMap { line in
+            let f = line.split(separator: " ")
+            guard f.count > 2, f[2].hasPrefix("fuse"), f[1].hasPrefix(folder + "/") else { return nil }
+            return String(f[1])
+        }
+    }
 
     /// The pid of a running `ubiquityfs` whose arguments include all of `arguments`.
     func ubiquityfsPID(withArguments arguments: [String], seconds: Double = 10) -> pid_t? {
