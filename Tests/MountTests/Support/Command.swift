@@ -134,3 +134,48 @@ enum Command {
 func shellQuote(_ s: String) -> String {
     "'" + s.replacingOccurrences(of: "'", with: "'\\''") + "'"
 }
+
+/// A program left running while a test drives it (an X server, a D-Bus daemon, a file manager),
+/// stopped by its pid, never by name.
+final class BackgroundProcess {
+    let pid: pid_t
+    let argv: [String]
+
+    /// Starts `argv` (looked up on PATH) with stdout and stderr into `log`.
+    init(_ argv: [String], environment: [String: String], log: String) throws {
+        self.argv = argv
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        let env = environment.map { "\($0.key)=\($0.value)" }
+        var pid: pid_t = 0
+        let cargs = argv.map { strdup($0) } + [nil]
+        let cenv = env.map { strdup($0) } + [nil]
+        defer { cargs.forEach { free($0) }; cenv.forEach { free($0) } }
+        let rc = posix_spawnp(&pid, argv[0], &actions, nil, cargs, cenv)
+        guard rc == 0 else { throw FixtureError("cannot start \(argv[0]): \(Posix.describe(rc))") }
+        self.pid = pid
+    }
+
+    var isRunning: Bool {
+        var status: Int32 = 0
+        return waitpid(pid, &status, WNOHANG) == 0
+    }
+
+    /// SIGTERM, then SIGKILL after `seconds`; reaps it.
+    func stop(seconds: Double = 5) {
+        guard isRunning else { return }
+        kill(pid, SIGTERM)
+        let deadline = Date().addingTimeInterval(seconds)
+        var status: Int32 = 0
+        while Date() < deadline {
+            if waitpid(pid, &status, WNOHANG) == pid { return }
+            usleep(20_000)
+        }
+        kill(pid, SIGKILL)
+        _ = waitpid(pid, &status, 0)
+    }
+}

@@ -109,6 +109,7 @@ enum Posix {
     }
 
     static func exists(_ path: String) -> Bool { lstat(path) != nil }
+    static func isDirectory(_ path: String) -> Bool { lstat(path).map { $0.st_mode & S_IFMT == S_IFDIR } ?? false }
 
     static func fileType(_ st: Glibc.stat) -> mode_t { st.st_mode & mode_t(S_IFMT) }
 

@@ -1,0 +1,172 @@
+// A real file manager on the mount: PCManFM under Xvfb, on a D-Bus session of its own (for
+// GVfs's trash), driven from the keyboard with xdotool, every result checked on the filesystem,
+// screenshots kept in .build/test-artifacts/.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class FileManagerTests: MountTestCase {
+    private var processes: [BackgroundProcess] = []
+    private var display = ""
+    private var desktop: [String: String] = [:]
+
+    override func tearDown() {
+        for p in processes.reversed() { p.stop() }
+        processes = []
+        super.tearDown()
+    }
+
+    /// Xvfb on a free display, a D-Bus session, and PCManFM opened on `folder`.
+    private func startDesktop(_ folder: String) throws {
+        var number = 90 + Int(getpid() % 100)
+        while Posix.exists("/tmp/.X11-unix/X\(number)") || Posix.exists("/tmp/.X\(number)-lock") { number += 1 }
+        display = ":\(number)"
+        processes.append(try BackgroundProcess(["Xvfb", display, "-screen", "0", "1024x700x24", "-nolisten", "tcp"],
+                                               environment: environment, log: workDir + "/xvfb.log"))
+        try waitFor("the X server", seconds: 20) { Posix.exists("/tmp/.X11-unix/X\(number)") }
+        let bus = workDir + "/bus"
+        processes.append(try BackgroundProcess(["dbus-daemon", "--session", "--nofork", "--address=unix:path=" + bus],
+                                               environment: environment, log: workDir + "/dbus.log"))
+        try waitFor("the D-Bus session", seconds: 20) { Posix.exists(bus) }
+        desktop = environment
+        desktop["DISPLAY"] = display
+        desktop["DBUS_SESSION_BUS_ADDRESS"] = "unix:path=" + bus
+        // No confirmation before a move to the trash: the keys below are the whole conversation.
+        let libfm = homeDir + "/.config/libfm"
+        try FileManager.default.createDirectory(atPath: libfm, withIntermediateDirectories: true)
+        try "[config]\nconfirm_del=0\nconfirm_trash=0\n".write(toFile: libfm + "/libfm.conf", atomically: true, encoding: .utf8)
+        processes.append(try BackgroundProcess(["pcmanfm", folder], environment: desktop, log: workDir + "/pcmanfm.log"))
+        let window: String
+        // (A first GTK start in the test's fresh HOME builds its font cache: it can take a while.)
+        do { window = try waitForWindow(named: (folder as NSString).lastPathComponent, seconds: 90) } catch {
+            throw FixtureError("\(error)\n--- pcmanfm:\n\(Posix.readText(workDir + "/pcmanfm.log") ?? "")\n--- Xvfb:\n\(Posix.readText(workDir + "/xvfb.log") ?? "")")
+        }
+        x("windowsize \(window) 900 600 windowmove \(window) 0 0 windowfocus --sync \(window)")
+        usleep(500_000)
+    }
+
+    private func waitFor(_ what: String, seconds: Double, _ check: () -> Bool) throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if check() { return }
+            usleep(50_000)
+        }
+        throw FixtureError("\(what) did not come within \(seconds) s")
+    }
+
+    /// Runs `xdotool ARGS` on the test's display.
+    @discardableResult
+    private func x(_ args: String) -> CommandResult {
+        Command.run(["bash", "-c", "xdotool " + args], timeout: 30, environment: desktop)
+    }
+
+    private func windowNames() -> Set<String> {
+        Set(x("search --onlyvisible --name '' getwindowname %@").lines)
+    }
+
+    private func waitForWindow(named name: String, seconds: Double = 20) throws -> String {
+        var id = ""
+        try waitFor("a window named \(name)", seconds: seconds) {
+            id = x("search --onlyvisible --name \(shellQuote("^" + NSRegularExpression.escapedPattern(for: name) + "$"))").lines.first ?? ""
+            return !id.isEmpty
+        }
+        return id
+    }
+
+    private func keys(_ keys: String) {
+        x("key --delay 60 \(keys)")
+        usleep(300_000)
+    }
+
+    private func type(_ text: String) {
+        x("type --delay 40 \(shellQuote(text))")
+    }
+
+    /// Opens `location` through the location bar (Ctrl+L).
+    private func go(_ location: String) throws {
+        keys("ctrl+l")
+        type(location)
+        keys("Return")
+        usleep(700_000)
+    }
+
+    private func screenshot(_ name: String) {
+        let artifacts = Self.packageRoot + "/.build/test-artifacts"
+        try? FileManager.default.createDirectory(atPath: artifacts, withIntermediateDirectories: true)
+        let shot = Command.run(["import", "-window", "root", artifacts + "/" + name], timeout: 30, environment: desktop)
+        XCTAssertTrue(shot.succeeded, "screenshot \(name): \(shot)")
+    }
+
+    private func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
+                            _ check: () -> Bool) {
+        do { try waitFor(what, seconds: seconds, check) } catch { XCTFail("\(error)", file: file, line: line) }
+    }
+
+    func testPCManFMOnTheMount() throws {
+        try mount()
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/MyTextFile.txt", "Hello from iCloud Drive\n"), 0)
+        try startDesktop(mountPoint)
+        screenshot("pcmanfm-containers.png")
+        XCTAssertTrue(windowNames().contains((mountPoint as NSString).lastPathComponent))
+
+        // A folder where the container allows one, a clear refusal where it does not.
+        try go(docs("SugoiApp"))
+        keys("ctrl+shift+n")
+        _ = try waitForWindow(named: "Creating New Folder")
+        type("Reports")
+        keys("Return")
+        eventually("SugoiApp/Reports made") { Posix.isDirectory(docs("SugoiApp") + "/Reports") }
+        try go(docs("TestDrive"))
+        keys("ctrl+shift+n")
+        _ = try waitForWindow(named: "Creating New Folder")
+        type("Nope")
+        keys("Return")
+        _ = try waitForWindow(named: "Error")
+        screenshot("pcmanfm-folder-levels.png")
+        keys("Return")
+        XCTAssertFalse(Posix.exists(docs("TestDrive") + "/Nope"), "TestDrive allows no folders")
+
+        // Rename (F2), then to the trash (Delete): it lands in Recently Deleted.
+        keys("ctrl+a F2")
+        _ = try waitForWindow(named: "Rename File")
+        type("Report")
+        keys("Return")
+        eventually("renamed") { Posix.readText(docs("TestDrive") + "/Report.txt") == "Hello from iCloud Drive\n" }
+        keys("ctrl+a Delete")
+        eventually("moved to the trash") { !Posix.exists(docs("TestDrive") + "/Report.txt") }
+        XCTAssertTrue(ubiquityfs(["trash", "list", "--store", storeDir]).stdout.contains("TestDrive/Report.txt"))
+
+        // A file copied in by paste, from the clipboard as GTK file managers put it there.
+        let local = scratchDir + "/Notes from home.txt"
+        XCTAssertEqual(Posix.writeFile(local, "pasted\n"), 0)
+        let uri = "file://" + (local.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? local)
+        try "copy\n\(uri)".write(toFile: workDir + "/clipboard", atomically: true, encoding: .utf8)
+        processes.append(try BackgroundProcess(["xclip", "-selection", "clipboard", "-t", "x-special/gnome-copied-files",
+                                                "-i", workDir + "/clipboard", "-quiet"], environment: desktop, log: workDir + "/xclip.log"))
+        usleep(500_000)
+        keys("ctrl+v")
+        eventually("pasted in") { Posix.readText(docs("TestDrive") + "/Notes from home.txt") == "pasted\n" }
+
+        // The Trash view lists it; its Restore puts it back.
+        try go("trash:///")
+        eventually("the trash view opens") { self.windowNames().contains { $0.lowercased().contains("trash") } }
+        usleep(700_000)
+        screenshot("pcmanfm-trash.png")
+        keys("ctrl+a shift+F10")
+        usleep(500_000)
+        keys("r")
+        eventually("restored") { Posix.readText(docs("TestDrive") + "/Report.txt") == "Hello from iCloud Drive\n" }
+        XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
+
+        // Nothing the file manager keeps litters the containers.
+        XCTAssertEqual(ls(docs("TestDrive")), ["Notes from home.txt", "Report.txt"])
+        XCTAssertEqual(ls(docs("SugoiApp")), ["Reports"])
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        let pcmanfm = processes.first { $0.argv[0] == "pcmanfm" }
+        XCTAssertTrue(pcmanfm?.isRunning ?? false, "PCManFM is still running: \(Posix.readText(workDir + "/pcmanfm.log") ?? "")")
+        for p in processes.reversed() { p.stop() }
+        processes = []
+        try unmount()
+    }
+}
