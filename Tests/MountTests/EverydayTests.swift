@@ -18,6 +18,19 @@ final class EverydayTests: MountTestCase {
         try unmount()
     }
 
+    /// ~/UbiquityDrive is a mount the desktop shows (GIO's volume monitor, which file managers'
+    /// sidebars list), and its free space is the store's disk's.
+    func testTheDefaultMountPointIsShownWithTrueFreeSpace() throws {
+        let drive = homeDir + "/UbiquityDrive"
+        try FileManager.default.createDirectory(atPath: drive, withIntermediateDirectories: true)
+        try mount(at: drive)
+        let listed = sh("dbus-run-session -- gio mount -l 2>/dev/null")
+        XCTAssertTrue(listed.lines.contains("Mount(0): UbiquityDrive -> file://\(drive)"), "\(listed)")
+        let df = { (path: String) in self.sh("df -B1 --output=size \(shellQuote(path))").lines.last ?? "" }
+        XCTAssertEqual(df(drive), df(storeDir), "the size of the disk that holds the store")
+        try unmount(at: drive)
+    }
+
     func testAMountPointMustBeEmptyAndNotAMount() throws {
         XCTAssertTrue(FileManager.default.createFile(atPath: mountPoint + "/left.txt", contents: Data("mine\n".utf8)))
         let refused = ubiquityfs(mountArguments())
