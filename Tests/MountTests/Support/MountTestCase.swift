@@ -338,19 +338,9 @@ class MountTestCase: XCTestCase {
     /// The pid of a daemon of this test's store that is still starting (it writes daemon.pid
     /// only once mounted): found by its arguments in /proc, and kept for clean-up.
     func startingDaemonPID(seconds: Double = 10) -> pid_t? {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
-                guard let pid = pid_t(entry), let data = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
-                let args = data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
-                if args.contains("--ready-fd"), args.contains(storeDir), isOurDaemon(pid) {
-                    daemonPIDs.insert(pid)
-                    return pid
-                }
-            }
-            usleep(5_000)
-        }
-        return nil
+        guard let pid = ubiquityfsPID(withArguments: ["--ready-fd", storeDir], seconds: seconds) else { return nil }
+        daemonPIDs.insert(pid)
+        return pid
     }
 
     /// True if `pid` is alive (not a zombie) and runs the ubiquityfs binary.
