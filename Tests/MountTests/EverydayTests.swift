@@ -80,12 +80,14 @@ final class EverydayTests: MountTestCase {
         try withInstalledBinary {
             // An fstab line with the usual options, mounted by its mount point.
             let fstab = workDir + "/fstab"
-            try "\(storeDir) \(mountPoint) fuse.ubiquityfs noauto,user,ro,apps=\(appsDir),x-systemd.automount 0 0\n"
+            try "\(storeDir) \(mountPoint) fuse.ubiquityfs noauto,user,ro,allow_other,_netdev,apps=\(appsDir),x-systemd.automount 0 0\n"
                 .write(toFile: fstab, atomically: true, encoding: .utf8)
             assertShell("mount -T \(shellQuote(fstab)) \(shellQuote(mountPoint))")
             adoptMount(at: mountPoint)
             XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
             XCTAssertEqual(assertShell("findmnt -n -o FSTYPE \(shellQuote(mountPoint))").stdout, "fuse.ubiquityfs\n")
+            let options = assertShell("findmnt -n -o OPTIONS \(shellQuote(mountPoint))").stdout
+            XCTAssertTrue(options.hasPrefix("ro,nosuid,nodev,") && options.contains("allow_other"), "kept nosuid,nodev, took ro and allow_other: \(options)")
             assertErrno(EROFS, "ro from fstab") { Posix.open(docs("TestDrive") + "/new.txt", O_WRONLY | O_CREAT) }
             assertShell("umount \(shellQuote(mountPoint))")
             XCTAssertFalse(isMounted(mountPoint))
