@@ -86,6 +86,15 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
     }
     let localRoot = absolutePath(local)
 
+    // One transfer per store at a time: two copying the same files would write each other's
+    // partial files.
+    let lock = open(storeDir + "/transfer.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+    guard lock >= 0 else { throw TransferError("cannot open \(storeDir)/transfer.lock: \(String(cString: strerror(errno)))") }
+    defer { close(lock) }
+    guard flock(lock, LOCK_EX | LOCK_NB) == 0 else {
+        writeError("ubiquityfs \(verb): another import or export is running on the store \(storeDir); run this one when it is done")
+        return ExitCode.failure
+    }
     let mount = try TransferMount(store: storeDir, apps: absolutePath(p.value("--apps") ?? defaultAppsDirectory()))
     defer { mount.finish() }
     guard let documents = mount.documents(of: container) else {
@@ -365,11 +374,19 @@ private final class TransferMount {
     init(store: String, apps: String) throws {
         let mounts = Self.mounts(of: store)
         // A private mount whose command is gone (killed) is unmounted and its folder removed.
+        // Right after the kill the kernel may still hold the dead command's files for a moment
+        // (the unmount is EBUSY), so it is tried again for a while.
         for m in mounts where m.hasPrefix(store + Self.privatePrefix) {
             let owner = pid_t(m.dropFirst(store.count + Self.privatePrefix.count)) ?? 0
-            if owner <= 0 || (kill(owner, 0) != 0 && errno == ESRCH) {
-                if runProgram(runningBinary(), ["unmount", m]) == 0 { _ = rmdir(m) }
+            guard owner <= 0 || (kill(owner, 0) != 0 && errno == ESRCH) else { continue }
+            var tries = 0
+            while isMounted(m), tries < 40 {
+                if runProgram(runningBinary(), ["unmount", m]) == 0 { break }
+                tries += 1
+                usleep(250_000)
             }
+            if isMounted(m) { throw TransferError("the private mount of a command that was killed, \(m), stays busy; try again in a moment") }
+            _ = rmdir(m)
         }
         if let mine = mounts.first(where: { !$0.hasPrefix(store + Self.privatePrefix) }) {
             path = mine

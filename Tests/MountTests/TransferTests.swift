@@ -78,6 +78,10 @@ final class TransferTests: MountTestCase {
             usleep(20_000)
         }
         guard let pid = ubiquityfsPID(withArguments: ["import", local]) else { return XCTFail("no import running") }
+        // One transfer per store at a time.
+        let second = ubiquityfs(["export", "SugoiApp", scratchDir + "/elsewhere", "--store", storeDir, "--apps", appsDir])
+        XCTAssertEqual(second.status, 1)
+        XCTAssertTrue(second.stderr.contains("another import or export is running on the store"), second.stderr)
         kill(pid, SIGKILL)
         XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
         let cut = (try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0
@@ -118,6 +122,38 @@ final class TransferTests: MountTestCase {
         let fifo = ubiquityfs(["export", "SugoiApp/Project", out, "--store", storeDir], timeout: 30)
         XCTAssertEqual(fifo.status, 1, "\(fifo)")
         XCTAssertTrue(fifo.stderr.contains("f1.bin: the destination has something else of that name (a FIFO, socket or device, not a file)"), fifo.stderr)
+        try unmount()
+    }
+
+    /// The same for an export with --remove-from-cloud: killed halfway, run again, everything
+    /// ends up local and whole, and out of the container.
+    func testAnExportKilledHalfwayResumes() throws {
+        makeProject(local, count: 300, size: 20_000)
+        try mount()
+        assertShell("cp -a \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        try unmount()
+        let out = scratchDir + "/out"
+        let argv = [Self.binary, "export", "SugoiApp/Project", out, "--remove-from-cloud", "--store", storeDir, "--apps", appsDir]
+        let done = DispatchSemaphore(value: 0)
+        let env = environment
+        DispatchQueue.global().async {
+            _ = Command.run(argv, timeout: 300, environment: env)
+            done.signal()
+        }
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: out))?.count ?? 0) < 100 { usleep(20_000) }
+        guard let pid = ubiquityfsPID(withArguments: ["export", out]) else { return XCTFail("no export running") }
+        kill(pid, SIGKILL)
+        XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: out)) ?? [] where name.hasSuffix(".bin") {
+            XCTAssertTrue(sh("cmp -s \(shellQuote(local + "/" + name)) \(shellQuote(out + "/" + name))").succeeded, "\(name) is whole")
+        }
+        let again = Command.run(argv, timeout: 300, environment: env)
+        XCTAssertEqual(again.status, 0, "\(again)")
+        assertShell("diff -r \(shellQuote(local)) \(shellQuote(out))")
+        XCTAssertEqual(fuseMounts(under: storeDir), [])
+        try mount()
+        XCTAssertFalse(Posix.exists(docs("SugoiApp") + "/Project"), "all of it moved out")
         try unmount()
     }
 

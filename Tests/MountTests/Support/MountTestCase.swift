@@ -328,6 +328,8 @@ class MountTestCase: XCTestCase {
             for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
                 guard let pid = pid_t(entry), let data = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
                 let args = data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+                // argv[0] itself: a wrapper (`timeout … ubiquityfs …`) has the words too.
+                guard let program = args.first, (program as NSString).lastPathComponent == "ubiquityfs" else { continue }
                 if arguments.allSatisfy(args.contains), isOurDaemon(pid) { return pid }
             }
             usleep(5_000)
