@@ -166,7 +166,7 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
     // The copy.
     let progress = Progress(verb: verb, files: items.filter { $0.kind == .file }.count, bytes: items.reduce(0) { $0 + $1.size })
     var failures: [String] = []
-    var skipped = 0
+    var skipped = 0, failedFiles = 0
     do {
         try FileManager.default.createDirectory(atPath: destination, withIntermediateDirectories: true)
     } catch {
@@ -210,7 +210,10 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
         } catch {
             failures.append("\(item.path): \(error)")
             writeError("ubiquityfs \(verb): \(item.path): \(error)")
-            if case .file = item.kind { progress.done(bytes: item.size) }
+            if case .file = item.kind {
+                failedFiles += 1
+                progress.done(bytes: item.size)
+            }
         }
     }
     if removeSource && failures.isEmpty {
@@ -220,7 +223,7 @@ private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: Strin
         }
         _ = rmdir(source)
     }
-    progress.finish(skipped: skipped, failed: failures.count)
+    progress.finish(skipped: skipped, failed: failedFiles)
     if !failures.isEmpty {
         writeError("ubiquityfs \(verb): \(failures.count) item\(failures.count == 1 ? "" : "s") failed; run the same command again to retry:")
         for f in failures { writeError("  " + f) }

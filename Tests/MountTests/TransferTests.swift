@@ -157,6 +157,31 @@ final class TransferTests: MountTestCase {
         try unmount()
     }
 
+    /// A copy that fails midway (an immutable folder refuses the files meant for it): the rest
+    /// is copied, every failed item is named, the exit is 1, and what failed stays in the cloud.
+    func testFailedItemsAreNamedAndKept() throws {
+        makeProject(local, count: 3)
+        try mount()
+        assertShell("cp -a \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
+        let out = scratchDir + "/out"
+        assertShell("mkdir -p \(shellQuote(out + "/notes")) && chattr +i \(shellQuote(out + "/notes"))")
+        defer { _ = sh("chattr -i \(shellQuote(out + "/notes"))") }
+        let r = ubiquityfs(["export", "SugoiApp/Project", out, "--remove-from-cloud", "--store", storeDir])
+        XCTAssertEqual(r.status, 1, "\(r)")
+        XCTAssertTrue(r.stderr.contains("export: 3 of 5 files (8.8 KiB) in "), r.stderr)
+        XCTAssertTrue(r.stderr.contains("4 items failed; run the same command again to retry:"), r.stderr)
+        for name in ["notes/README.txt", "notes/latest", "notes/old", "notes/old/2025.txt"] {
+            XCTAssertTrue(r.stderr.contains("\n  " + name + ":"), name)
+        }
+        for name in ["f1.bin", "f2.bin", "f3.bin"] {
+            XCTAssertTrue(sh("cmp -s \(shellQuote(local + "/" + name)) \(shellQuote(out + "/" + name))").succeeded, name)
+            XCTAssertFalse(Posix.exists(docs("SugoiApp") + "/Project/" + name), "\(name) moved out")
+        }
+        XCTAssertEqual(Posix.readText(docs("SugoiApp") + "/Project/notes/README.txt"), "read me\n", "what failed stays in the cloud")
+        XCTAssertTrue(Posix.exists(docs("SugoiApp") + "/Project/notes/old/2025.txt"))
+        try unmount()
+    }
+
     func testExportWithAndWithoutAMountAndRemoveFromCloud() throws {
         makeProject(local, count: 5)
         try mount()
