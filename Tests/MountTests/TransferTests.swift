@@ -20,6 +20,25 @@ final class TransferTests: MountTestCase {
             """)
     }
 
+    /// Runs `argv` in the background and kill -9s it once `folder()` lists `count` entries
+    /// (`whileRunning` runs just before the kill); returns once it is gone. The command is found
+    /// by `words` of its own arguments.
+    private func killHalfway(_ argv: [String], words: [String], once folder: () -> String, holds count: Int,
+                             whileRunning: () -> Void = {}) {
+        let done = DispatchSemaphore(value: 0)
+        let env = environment
+        DispatchQueue.global().async {
+            _ = Command.run(argv, timeout: 300, environment: env)
+            done.signal()
+        }
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: folder()))?.count ?? 0) < count { usleep(20_000) }
+        guard let pid = ubiquityfsPID(withArguments: words) else { return XCTFail("\(words) is not running") }
+        whileRunning()
+        kill(pid, SIGKILL)
+        XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
+    }
+
     func testImportIsCheckedFirstThenCopiedWithAndWithoutAMount() throws {
         makeProject(local)
         try mount()
@@ -65,38 +84,29 @@ final class TransferTests: MountTestCase {
         try mount()
         try unmount()
         let argv = [Self.binary, "import", local, "SugoiApp/Project", "--store", storeDir, "--apps", appsDir]
-        let done = DispatchSemaphore(value: 0)
-        let env = environment
-        DispatchQueue.global().async {
-            _ = Command.run(argv, timeout: 300, environment: env)
-            done.signal()
-        }
         var target = ""
-        let deadline = Date().addingTimeInterval(60)
-        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0) < 100 {
+        killHalfway(argv, words: ["import", local], once: {
             if let m = fuseMounts(under: storeDir).first { target = m + "/SugoiApp/Project" }
-            usleep(20_000)
-        }
-        guard let pid = ubiquityfsPID(withArguments: ["import", local]) else { return XCTFail("no import running") }
-        // One transfer per store at a time.
-        let second = ubiquityfs(["export", "SugoiApp", scratchDir + "/elsewhere", "--store", storeDir, "--apps", appsDir])
-        XCTAssertEqual(second.status, 1)
-        XCTAssertTrue(second.stderr.contains("another import or export is running on the store"), second.stderr)
-        kill(pid, SIGKILL)
-        XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
+            return target
+        }, holds: 100, whileRunning: {
+            // One transfer per store at a time.
+            let second = ubiquityfs(["export", "SugoiApp", scratchDir + "/elsewhere", "--store", storeDir, "--apps", appsDir])
+            XCTAssertEqual(second.status, 1)
+            XCTAssertTrue(second.stderr.contains("another import or export is running on the store"), second.stderr)
+        })
         let cut = (try? FileManager.default.contentsOfDirectory(atPath: target))?.count ?? 0
         XCTAssertTrue(cut > 0 && cut < 302, "the kill landed halfway: \(cut) items there")
         // Every file already under its name is whole.
         for name in (try? FileManager.default.contentsOfDirectory(atPath: target)) ?? [] where name.hasSuffix(".bin") {
             XCTAssertTrue(sh("cmp -s \(shellQuote(local + "/" + name)) \(shellQuote(target + "/" + name))").succeeded, name)
         }
-        let again = Command.run(argv, timeout: 300, environment: env)
+        let again = Command.run(argv, timeout: 300, environment: environment)
         XCTAssertEqual(again.status, 0, "\(again)")
         XCTAssertTrue(again.stderr.contains("already there"), again.stderr)
         XCTAssertEqual(fuseMounts(under: storeDir), [], "the killed run's private mount and this one's are gone")
         try mount()
         assertShell("diff -r \(shellQuote(local)) \(shellQuote(docs("SugoiApp") + "/Project"))")
-        XCTAssertEqual(sh("find \(shellQuote(docs("SugoiApp"))) -name '*.ubiquityfs-partial'").stdout, "", "no partial file left")
+        XCTAssertEqual(sh("find \(shellQuote(docs("SugoiApp"))) -name '.ubiquityfs-partial-*'").stdout, "", "no partial file left")
         try unmount()
     }
 
@@ -134,21 +144,11 @@ final class TransferTests: MountTestCase {
         try unmount()
         let out = scratchDir + "/out"
         let argv = [Self.binary, "export", "SugoiApp/Project", out, "--remove-from-cloud", "--store", storeDir, "--apps", appsDir]
-        let done = DispatchSemaphore(value: 0)
-        let env = environment
-        DispatchQueue.global().async {
-            _ = Command.run(argv, timeout: 300, environment: env)
-            done.signal()
-        }
-        let deadline = Date().addingTimeInterval(60)
-        while Date() < deadline, ((try? FileManager.default.contentsOfDirectory(atPath: out))?.count ?? 0) < 100 { usleep(20_000) }
-        guard let pid = ubiquityfsPID(withArguments: ["export", out]) else { return XCTFail("no export running") }
-        kill(pid, SIGKILL)
-        XCTAssertEqual(done.wait(timeout: .now() + 60), .success)
+        killHalfway(argv, words: ["export", out], once: { out }, holds: 100)
         for name in (try? FileManager.default.contentsOfDirectory(atPath: out)) ?? [] where name.hasSuffix(".bin") {
             XCTAssertTrue(sh("cmp -s \(shellQuote(local + "/" + name)) \(shellQuote(out + "/" + name))").succeeded, "\(name) is whole")
         }
-        let again = Command.run(argv, timeout: 300, environment: env)
+        let again = Command.run(argv, timeout: 300, environment: environment)
         XCTAssertEqual(again.status, 0, "\(again)")
         assertShell("diff -r \(shellQuote(local)) \(shellQuote(out))")
         XCTAssertEqual(fuseMounts(under: storeDir), [])
