@@ -30,12 +30,13 @@ final class HistoryTests: XCTestCase {
 
     /// `Report.txt` holding "v2 from a" on one, and b's edit of v1, "v2 from b", published on two
     /// after it: a conflict. Returns the file.
-    private func makeConflict() throws -> UInt64 {
+    private func makeConflict(beforeThePublish: () -> Void = {}) throws -> UInt64 {
         let f = try one.makeFile(docs, "Report.txt", b("v1"))
         try two.catchUp()
         let hb = try two.open(f, flags: O_RDWR)
         try one.writeFile(f, b("v2 from a"))
         try two.put(hb, b("v2 from b"), at: 0)
+        beforeThePublish()
         try two.release(handle: hb)
         return f
     }
@@ -43,13 +44,7 @@ final class HistoryTests: XCTestCase {
     /// `makeConflict`, with the copy's making failing (its chunk cannot be read): owed.
     @discardableResult
     private func makeOwedConflict() throws -> UInt64 {
-        let f = try one.makeFile(docs, "Report.txt", b("v1"))
-        try two.catchUp()
-        let hb = try two.open(f, flags: O_RDWR)
-        try one.writeFile(f, b("v2 from a"))
-        try two.put(hb, b("v2 from b"), at: 0)
-        plan.fail(.blobRead, errno: EIO)
-        try two.release(handle: hb)
+        let f = try makeConflict { plan.fail(.blobRead, errno: EIO) }
         plan.clearAll()
         return f
     }
