@@ -320,8 +320,9 @@ final class ChangeFeed: @unchecked Sendable {
                 condition.unlock()
                 if stop { break }
                 do {
-                    let changes = try fs.catchUp()
+                    let (changes, watches) = try fs.catchUpForKernel()
                     if !changes.isEmpty { session.invalidate(changes) }
+                    session.replay(watches)
                     if failing { log("change feed: reading the store's change log works again") }
                     failing = false
                 } catch {

@@ -139,6 +139,7 @@ extension UbiquityFileSystem {
         ns.write {
             // Without a change feed draining them (a model in a test), keep the newest only.
             if pendingInvalidations.count > 1_000_000 { pendingInvalidations.removeFirst(500_000) }
+            if pendingWatches.count > 100_000 { pendingWatches.removeFirst(50_000) }
             for r in records {
                 let remote = r.writer != writerID
                 if remote {
@@ -153,7 +154,9 @@ extension UbiquityFileSystem {
                     }
                 }
                 let trashBefore = trashedItems(touchedBy: r.mutations)
+                let watches = remote ? watches(before: r.mutations) : []
                 applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)
+                pendingWatches += watches
                 if !trashBefore.isEmpty { pendingInvalidations += trashInvalidations(before: trashBefore) }
                 guard remote else { continue }
                 for m in r.mutations {
@@ -200,6 +203,12 @@ extension UbiquityFileSystem {
     /// second: the store is asked without the namespace lock, which is taken only to apply.
     @discardableResult
     public func catchUp() throws(FSError) -> [KernelInvalidation] {
+        try catchUpForKernel().invalidations
+    }
+
+    /// `catchUp`, and the same changes as replays for programs watching the mount (see
+    /// WatchEvents.swift): the change feed sends the invalidations first, then replays.
+    public func catchUpForKernel() throws(FSError) -> (invalidations: [KernelInvalidation], watches: [WatchEvent]) {
         try typed {
             let from = ns.read { state.seq }
             var records: [ChangeRecord] = []
@@ -208,24 +217,26 @@ extension UbiquityFileSystem {
                 guard error.kind == .trimmed else { throw FSError(error) }
                 trimmed = true
             }
-            let (all, rebases) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])]) in
+            let (all, rebases, watches) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])], [WatchEvent]) in
                 // Records at or below the position were applied meanwhile (this writer's own commits
                 // catch up too); the rest follow on from it with no gap.
                 if trimmed { try catchUpLocked() } else { applyCommitted(records) }
-                guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], []) }
+                let watches = watchEvents(pendingWatches)
+                pendingWatches = []
+                guard !pendingInvalidations.isEmpty || !pendingRebases.isEmpty else { return ([], [], watches) }
                 defer { pendingInvalidations = []; pendingRebases = [] }
                 let open = docsLock.withLock { Set(docs.keys) }
                 let rebases = pendingRebases.filter(open.contains).compactMap { ino in
                     state.nodes[ino].map { ($0, state.chunks[ino] ?? []) }
                 }
-                return (pendingInvalidations, rebases)
+                return (pendingInvalidations, rebases, watches)
             }
             // No namespace lock here: a document's lock comes before it.
             for (node, chunks) in rebases {
                 docsLock.withLock { docs[node.ino] }?.rebase(on: node, chunks: chunks)
             }
             var seen: Set<KernelInvalidation> = []
-            return all.filter { seen.insert($0).inserted }
+            return (all.filter { seen.insert($0).inserted }, watches)
         }
     }
 

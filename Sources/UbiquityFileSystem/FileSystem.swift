@@ -81,6 +81,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Files whose current version another writer changed, for open documents to follow (done
     /// by the change feed, which holds no document lock: lock order is document, then commits).
     var pendingRebases: Set<InodeNumber> = []   // guarded by commits
+    /// Other writers' changes to replay for programs watching the mount (see WatchEvents.swift).
+    var pendingWatches: [PendingWatch] = []   // guarded by commits
+    var ghostCount: UInt64 = 0                // guarded by commits
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
@@ -227,7 +230,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     }
 
     /// Attributes of a real node; `doc` (looked up under ns) overrides size and times while open.
-    private func attributes(_ n: NodeRecord, doc: Document?) -> Attributes {
+    func attributes(_ n: NodeRecord, doc: Document?) -> Attributes {
         var size = n.size
         var mtime = n.mtime
         var ctime = n.ctime
@@ -295,6 +298,17 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         if gone {
             do { try deleteIfUnreferenced(ino) } catch { log("deleting unlinked inode \(ino) failed: \(error)") }
         }
+    }
+
+    /// Whether the kernel holds `ino` (the root always): only then can anything watch it.
+    func kernelHolds(_ ino: InodeNumber) -> Bool {
+        ino == Self.rootID || docsLock.withLock { lookups[ino] != nil }
+    }
+
+    /// The folders the kernel holds.
+    func kernelHeldFolders() -> [InodeNumber] {
+        let held = docsLock.withLock { Array(lookups.keys) }
+        return held.filter { state.nodes[$0]?.kind == .directory }
     }
 
     /// Caller holds docsLock.

@@ -7,6 +7,7 @@
 
 import CFuse
 import Foundation
+import Synchronization
 import UbiquityFileSystem
 import UbiquityStore
 
@@ -15,6 +16,8 @@ final class Bridge: @unchecked Sendable {
     let log: @Sendable (String) -> Void
     /// How long the kernel may keep names and attributes without asking again.
     let cacheSeconds: Double
+    /// The replay of another writer's change being made through the mount (`FuseSession.replay`).
+    let replay = ReplayState()
     init(fs: UbiquityFileSystem, cacheSeconds: Double, log: @escaping @Sendable (String) -> Void) {
         self.fs = fs
         self.cacheSeconds = cacheSeconds
@@ -85,6 +88,29 @@ struct Request: ~Copyable {
     var caller: Caller {
         let ctx = fuse_req_ctx(req)!.pointee
         return Caller(uid: ctx.uid, gid: ctx.gid, pid: ctx.pid)
+    }
+
+    /// The plan, if this request comes from a replay's system call (the kernel names the
+    /// calling thread).
+    var replayPlan: ReplayPlan? {
+        let state = bridge.replay
+        let thread = state.thread.load(ordering: .acquiring)
+        guard thread != 0, fuse_req_ctx(req)!.pointee.pid == thread else { return nil }
+        return state.current()
+    }
+
+    /// A replay's creating call (mknod, mkdir, symlink): answered with the entry the name
+    /// already has. Anything the plan does not expect (its path led elsewhere: the namespace
+    /// moved on meanwhile) is refused, never carried out.
+    consuming func replayMake(_ plan: ReplayPlan, _ parent: UInt64, _ n: [UInt8]) {
+        guard plan.op == .make(.init(parent, n)) else { error(EAGAIN); return }
+        let fs = self.fs
+        entry("replayed create", parent) { () throws(FSError) in try fs.lookup(parent: parent, name: n) }
+    }
+
+    /// A replay's unlink, rmdir or rename: done already, by the other writer.
+    consuming func replayDone(_ plan: ReplayPlan, _ op: ReplayPlan.Op) {
+        if plan.op == op { ok() } else { error(EAGAIN) }
     }
 
     deinit {
@@ -263,6 +289,10 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, cname in
         let r = Request(req), fs = r.fs
+        if let plan = r.replayPlan, let answer = plan.answers[.init(parent, name(cname))] {
+            if let a = answer { r.entry(a) } else { r.error(ENOENT) }
+            return
+        }
         r.entry("lookup", parent) { () throws(FSError) in
             try fs.lookup(parent: parent, name: name(cname))
         }
@@ -284,6 +314,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.getattr = { req, ino, _ in
         let r = Request(req), fs = r.fs
+        if let plan = r.replayPlan, let a = plan.attributes[ino] { r.attr(a); return }
         r.attr("getattr", ino) { () throws(FSError) in try fs.getattr(ino) }
     }
 
@@ -301,6 +332,12 @@ func makeOperations() -> fuse_lowlevel_ops {
         if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 { c.mtime = .now }
         else if toSet & FUSE_SET_ATTR_MTIME != 0 { c.mtime = .at(nanoseconds(a.st_mtim)) }
         let h: UInt64? = fi.map { $0.pointee.fh }
+        if let plan = r.replayPlan {
+            // A replay of new content: the kernel is told what the file is, nothing is set.
+            guard plan.op == .touch(ino) else { r.error(EAGAIN); return }
+            r.attr("replayed setattr", ino) { () throws(FSError) in try fs.getattr(ino) }
+            return
+        }
         r.attr("setattr", ino) { () throws(FSError) in try fs.setattr(ino, c, handle: h, caller: who) }
     }
 
@@ -313,6 +350,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.mknod = { req, parent, cname, mode, rdev in
         let r = Request(req), fs = r.fs, who = r.caller
+        if let plan = r.replayPlan { r.replayMake(plan, parent, name(cname)); return }
         r.entry("mknod", parent) { () throws(FSError) in
             try fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: who)
         }
@@ -320,6 +358,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.mkdir = { req, parent, cname, mode in
         let r = Request(req), fs = r.fs, who = r.caller
+        if let plan = r.replayPlan { r.replayMake(plan, parent, name(cname)); return }
         r.entry("mkdir", parent) { () throws(FSError) in
             try fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: who)
         }
@@ -327,16 +366,19 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.unlink = { req, parent, cname in
         let r = Request(req), fs = r.fs
+        if let plan = r.replayPlan { r.replayDone(plan, .remove(.init(parent, name(cname)))); return }
         r.run("unlink", parent) { () throws(FSError) in try fs.unlink(parent: parent, name: name(cname)) }
     }
 
     ops.rmdir = { req, parent, cname in
         let r = Request(req), fs = r.fs
+        if let plan = r.replayPlan { r.replayDone(plan, .remove(.init(parent, name(cname)))); return }
         r.run("rmdir", parent) { () throws(FSError) in try fs.rmdir(parent: parent, name: name(cname)) }
     }
 
     ops.symlink = { req, link, parent, cname in
         let r = Request(req), fs = r.fs, who = r.caller
+        if let plan = r.replayPlan { r.replayMake(plan, parent, name(cname)); return }
         r.entry("symlink", parent) { () throws(FSError) in
             try fs.symlink(parent: parent, name: name(cname), target: name(link), caller: who)
         }
@@ -344,6 +386,10 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.rename = { req, parent, cname, newParent, newName, flags in
         let r = Request(req), fs = r.fs
+        if let plan = r.replayPlan {
+            r.replayDone(plan, .move(.init(parent, name(cname)), .init(newParent, name(newName))))
+            return
+        }
         r.run("rename", parent) { () throws(FSError) in
             try fs.rename(parent: parent, name: name(cname), newParent: newParent, newName: name(newName),
                           flags: RenameFlags(rawValue: UInt32(flags)))
@@ -647,6 +693,7 @@ public final class FuseSession: @unchecked Sendable {
     private let bridgeRef: Unmanaged<Bridge>
     public let mountpoint: String
     private var mounted = false
+    private let readOnly: Bool
 
     /// How long the kernel keeps names and attributes by default. Changes through this mount
     /// reach the kernel's cache as the kernel makes them; other writers' changes are invalidated
@@ -661,6 +708,7 @@ public final class FuseSession: @unchecked Sendable {
                 cacheSeconds: Double = FuseSession.defaultCacheSeconds,
                 log: @escaping @Sendable (String) -> Void) throws {
         self.mountpoint = mountpoint
+        readOnly = options.contains("ro")
         // libfuse splits options at commas and takes a backslash as an escape.
         let fsname = source.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: ",", with: "\\,")
         let all = ["default_permissions", "fsname=" + fsname, "subtype=ubiquityfs"] + options
@@ -724,6 +772,15 @@ public final class FuseSession: @unchecked Sendable {
                 _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0)
             }
         }
+    }
+
+    /// Make other writers' changes again through the mount, for programs watching it (see
+    /// Replay.swift). Call after `invalidate`, from the same thread, with no model lock held:
+    /// each system call comes back to this daemon's workers. A read-only mount refuses every
+    /// such call before asking, so it has no replays.
+    public func replay(_ events: [WatchEvent]) {
+        guard mounted, !readOnly, !events.isEmpty else { return }
+        UbiquityFuse.replay(events, at: mountpoint, state: bridgeRef.takeUnretainedValue().replay)
     }
 
     /// Unmount (if still mounted) and free the session.

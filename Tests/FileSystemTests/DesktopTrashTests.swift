@@ -183,7 +183,7 @@ final class DesktopTrashTests: XCTestCase {
             XCTAssertTrue(told.contains(expected), "\(expected) in \(told)")
         }
         tick()
-        let item = try fs.trashItems(container: nil).first!
+        let item = fs.trashItems(container: nil).first!
         _ = try fs.restoreFromTrash(item.ino)
         XCTAssertGreaterThan(try fs.getattr(files).mtime, afterDelete)
         XCTAssertTrue(try fs.catchUp().contains(.entry(parent: files, name: b("gone.txt"))))
