@@ -121,6 +121,42 @@ final class FileManagerTests: MountTestCase {
         do { try waitFor(what, seconds: seconds, check) } catch { XCTFail("\(error)", file: file, line: line) }
     }
 
+    /// The names PCManFM's view of the current folder holds: select all, copy, read the clipboard.
+    private func namesShown() -> Set<String> {
+        keys("ctrl+a ctrl+c")
+        let copied = Command.run(["xclip", "-o", "-selection", "clipboard", "-t", "x-special/gnome-copied-files"],
+                                 timeout: 10, environment: desktop)
+        // "copy", then one URI a line; the last ends in a NUL.
+        return Set(copied.lines.dropFirst().compactMap { URL(string: $0.trimmingCharacters(in: ["\0"]))?.lastPathComponent })
+    }
+
+    /// A change through another mount of the store shows in PCManFM with no refresh: the
+    /// daemon replays it through this mount, so GIO's inotify monitor sees it.
+    func testPCManFMShowsAnotherMountsChangesWithoutARefresh() throws {
+        let other = workDir + "/mnt2"
+        try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache, at: other)
+        try mount(extra: TwoMountsTests.longCache)
+        XCTAssertEqual(Posix.writeFile(other + "/TestDrive/MyTextFile.txt", "Hello from iCloud Drive\n"), 0)
+        try startDesktop(docs("TestDrive"))
+        eventually("the first file shown") { self.namesShown() == ["MyTextFile.txt"] }
+
+        XCTAssertEqual(Posix.writeFile(other + "/TestDrive/From the phone.txt", "sent from another device\n"), 0)
+        eventually("the other mount's new file shown") { self.namesShown() == ["MyTextFile.txt", "From the phone.txt"] }
+        screenshot("pcmanfm-other-mount.png")
+        assertSucceeds("rename on the other mount") {
+            rename(other + "/TestDrive/From the phone.txt", other + "/TestDrive/Phone notes.txt")
+        }
+        eventually("the rename shown") { self.namesShown() == ["MyTextFile.txt", "Phone notes.txt"] }
+        assertSucceeds("unlink on the other mount") { unlink(other + "/TestDrive/Phone notes.txt") }
+        eventually("the delete shown") { self.namesShown() == ["MyTextFile.txt"] }
+        XCTAssertEqual(ls(docs("TestDrive")), ["MyTextFile.txt"])
+        for p in processes.reversed() { p.stop() }
+        processes = []
+        try unmount()
+        try unmount(at: other)
+    }
+
     func testPCManFMOnTheMount() throws {
         try mount()
         XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/MyTextFile.txt", "Hello from iCloud Drive\n"), 0)
