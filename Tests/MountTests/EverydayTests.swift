@@ -1,5 +1,5 @@
 // Everyday Linux use: the mount's name in df, mount and findmnt; the checks of a mount point;
-// fstab and mount(8) through mount.fuse3; `install` (binary, man page, completions loaded in
+// fstab and mount(8) through mount.fuse3, a user's own fstab mount; `install` (binary, man page, completions loaded in
 // bash, zsh and fish); the systemd user unit; and what a newcomer types after scripts/demo.
 
 import Foundation
@@ -100,6 +100,50 @@ final class EverydayTests: MountTestCase {
             adoptMount(at: mountPoint)
             XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/x.txt", "x"), 0)
             try unmount()
+        }
+    }
+
+    /// A user's own mount from /etc/fstab (`user`): mount(8) lets a user mount that line, runs
+    /// mount.fuse3 as the user, and the daemon mounts through fusermount3; the mount is the
+    /// user's alone, and `umount` by the same user stops it cleanly.
+    func testAUserMountFromFstab() throws {
+        let user = "nobody", uid: uid_t = 65534, gid: gid_t = 65534
+        // The user needs a way in to the test's folder, and its own store and mount point.
+        XCTAssertEqual(chmod(workDir, 0o755), 0)
+        for dir in [storeDir, mountPoint, appsDir] { XCTAssertEqual(chown(dir, uid, gid), 0, dir) }
+        let asUser = "setpriv --reuid=\(uid) --regid=\(gid) --clear-groups "
+        let line = "\(storeDir) \(mountPoint) fuse.ubiquityfs noauto,user,_netdev,apps=\(appsDir) 0 0"
+        let fstab = "/etc/fstab"
+        let before = try String(contentsOfFile: fstab, encoding: .utf8)
+        try (before + (before.hasSuffix("\n") || before.isEmpty ? "" : "\n") + line + "\n").write(toFile: fstab, atomically: true, encoding: .utf8)
+        defer {
+            // Only this line goes: anything else written there meanwhile stays.
+            if let now = try? String(contentsOfFile: fstab, encoding: .utf8) {
+                let kept = now.split(separator: "\n", omittingEmptySubsequences: false).filter { $0 != line }
+                try? kept.joined(separator: "\n").write(toFile: fstab, atomically: true, encoding: .utf8)
+            }
+        }
+        try withInstalledBinary {
+            assertShell(asUser + "mount \(shellQuote(mountPoint))")
+            adoptMount(at: mountPoint)
+            let shown = assertShell("findmnt -n -o FSTYPE,OPTIONS \(shellQuote(mountPoint))").stdout
+            XCTAssertTrue(shown.hasPrefix("fuse.ubiquityfs ") && shown.contains("user_id=\(uid)"), shown)
+            XCTAssertEqual(assertShell(asUser + "ls \(shellQuote(mountPoint))").lines, ["Notes", "SugoiApp", "TestDrive"])
+            assertShell(asUser + "sh -c 'echo mine > \(mountPoint)/TestDrive/mine.txt'")
+            XCTAssertEqual(assertShell(asUser + "stat -c %U \(shellQuote(docs("TestDrive") + "/mine.txt"))").stdout, "\(user)\n")
+            // Without allow_other, not even root gets in.
+            assertErrno(EACCES, "root on a user's mount") { Posix.open(docs("TestDrive"), O_RDONLY) }
+            let pid = try XCTUnwrap(readDaemonPID(), "the user's daemon")
+            assertShell(asUser + "umount \(shellQuote(mountPoint))")
+            XCTAssertFalse(isMounted(mountPoint))
+            XCTAssertTrue(waitForExit(pid, seconds: 10), "the daemon stops at umount")
+            XCTAssertTrue(Posix.readText(storeDir + "/ubiquityfs.log")?.contains("stopped cleanly") ?? false, daemonLogTail())
+            // Mounted again by the user, the file is there.
+            assertShell(asUser + "mount \(shellQuote(mountPoint))")
+            adoptMount(at: mountPoint)
+            XCTAssertEqual(assertShell(asUser + "cat \(shellQuote(docs("TestDrive") + "/mine.txt"))").stdout, "mine\n")
+            assertShell(asUser + "umount \(shellQuote(mountPoint))")
+            XCTAssertFalse(isMounted(mountPoint))
         }
     }
 
