@@ -98,6 +98,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// reports them: a node whose last name is gone lives on while the kernel still refers to
     /// it (an O_PATH descriptor, a removed working folder), as on a local filesystem.
     private var lookups: [InodeNumber: UInt64] = [:]  // guarded by docsLock
+    /// The name the kernel last got each of those nodes by, where it said (a hint: checked
+    /// against the namespace before use).
+    private var kernelNames: [InodeNumber: KernelName] = [:]  // guarded by docsLock
+    struct KernelName { let parent: InodeNumber; let name: [UInt8] }
 
     /// Lock requests waiting for another owner's lock to go (see Locks.swift).
     let lockWaiters = LockWaiters()
@@ -274,10 +278,22 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - kernel references
 
-    /// The kernel was given an entry for `ino` (lookup, create, mkdir, readdirplus, …).
-    public func remember(_ ino: UInt64) {
+    /// The kernel was given an entry for `ino` (lookup, create, mkdir, readdirplus, …), as
+    /// `name` in folder `parent` when given: a file's name is what a replay of another writer's
+    /// change to it goes by (see WatchEvents.swift).
+    public func remember(_ ino: UInt64, parent: UInt64? = nil, name: [UInt8]? = nil) {
         guard ino != Self.rootID else { return }
-        docsLock.withLock { lookups[ino, default: 0] += 1 }
+        docsLock.withLock {
+            lookups[ino, default: 0] += 1
+            if let parent, let name { kernelNames[ino] = KernelName(parent: parent, name: name) }
+        }
+    }
+
+    /// The kernel moved its entry for `ino` to `name` in `parent` (a replayed rename).
+    public func kernelMoved(_ ino: UInt64, parent: UInt64, name: [UInt8]) {
+        docsLock.withLock {
+            if kernelNames[ino] != nil { kernelNames[ino] = KernelName(parent: parent, name: name) }
+        }
     }
 
     /// The kernel dropped `count` references to `ino`.
@@ -289,6 +305,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 return (false, c)
             }
             lookups[ino] = nil
+            kernelNames[ino] = nil
             return (c > 0, c)
         }
         // The kernel forgets only what it was given: more is a counting bug here, not its.
@@ -305,10 +322,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         ino == Self.rootID || docsLock.withLock { lookups[ino] != nil }
     }
 
-    /// The folders the kernel holds.
-    func kernelHeldFolders() -> [InodeNumber] {
-        let held = docsLock.withLock { Array(lookups.keys) }
-        return held.filter { state.nodes[$0]?.kind == .directory }
+    /// The name the kernel last got `ino` by, if it holds it.
+    func kernelName(of ino: InodeNumber) -> KernelName? {
+        docsLock.withLock { kernelNames[ino] }
     }
 
     /// Caller holds docsLock.
@@ -742,6 +758,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             if placed != newName {
                 placedBeside(parent: newParent, asked: newName, placed: placed, what: "moved",
                              also: [.entry(parent: parent, name: name)])
+            }
+            // The kernel moves its entry with the rename: the name a replay goes by moves too.
+            if let moved = ns.read({ state.children[newParent]?[placed] }) {
+                docsLock.withLock {
+                    if kernelNames[moved] != nil { kernelNames[moved] = KernelName(parent: newParent, name: placed) }
+                }
             }
         }
     }

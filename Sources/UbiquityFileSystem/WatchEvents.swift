@@ -27,8 +27,8 @@ public struct ViewName: Sendable, Hashable {
 public enum WatchEvent: Sendable, Equatable {
     /// A new name for what `node` is.
     case created(ViewName, node: Attributes)
-    /// A name that went. `was`: what the kernel is told it named, to unlink it once more (for a
-    /// folder that moved out of the view, a stand-in id: see `ghostIDs`).
+    /// A name that went. `was`: what the kernel is told it named, to unlink it once more (its
+    /// own id or a stand-in, see `standIn`).
     case removed(ViewName, was: Attributes)
     /// A name that moved; `replaced`: what the new name named before, if anything.
     case moved(from: ViewName, to: ViewName, node: Attributes, replaced: Attributes?)
@@ -47,12 +47,9 @@ enum PendingWatch {
 }
 
 extension UbiquityFileSystem {
-    /// Node ids the kernel is told for a folder that moved out of this view (into a container's
-    /// private part, through the app view): rmdir marks the kernel's inode dead, and the folder
-    /// lives on, so it may come back under its id while the kernel still holds that inode (a
-    /// shell's working folder). A folder moved into Recently Deleted is removed under its own
-    /// id, as a local rm -r removes it. Far above any id the store hands out.
-    static let ghostIDs: ClosedRange<UInt64> = (1 << 62)...UInt64.max
+    /// Stand-in node ids the kernel is told for a removed name whose own id it must not get
+    /// (see `standIn`): far above any id the store hands out, below the desktop trash's.
+    static let ghostIDs: Range<UInt64> = (1 << 62)..<(1 << 63)
 
     /// What `mutations` (another writer's batch, not yet applied) change for watchers, noted
     /// against the namespace as it is before them. Caller holds commits and ns (write).
@@ -106,10 +103,23 @@ extension UbiquityFileSystem {
         return attributes(n, doc: docsLock.withLock { docs[ino] })
     }
 
-    /// Caller holds commits.
-    private func nextGhostID() -> UInt64 {
+    /// What the kernel is told a name that went named, for the replay to unlink it (`was`: as
+    /// it was noted). A file's own id when the kernel holds it already, or when it lives on in
+    /// Recently Deleted; a stand-in otherwise: a folder that lives on, because rmdir marks the
+    /// kernel's inode dead and the folder may come back under its id (a restore) while the
+    /// kernel still holds that inode (a shell's working folder), so that it would list as
+    /// empty and take no new file; and a node without a name, whose id the kernel would
+    /// forget again at once, which here means deleting what another writer may still have
+    /// open. Caller holds commits.
+    private func standIn(for was: Attributes) -> Attributes {
+        var a = was
+        if let n = state.nodes[was.ino] {
+            a = attributes(n, doc: docsLock.withLock { docs[n.ino] })
+            if n.kind != .directory && (kernelHolds(n.ino) || n.nlink > 0) { return a }
+        }
         ghostCount += 1
-        return Self.ghostIDs.lowerBound + ghostCount
+        a.ino = Self.ghostIDs.lowerBound + ghostCount
+        return a
     }
 
     /// The replays for what `pending` noted, against the namespace as it is now, kept to
@@ -124,71 +134,82 @@ extension UbiquityFileSystem {
             return p
         }
         func viewName(_ parent: InodeNumber, _ name: [UInt8]) -> ViewName? {
-            guard let p = path(parent) else { return nil }
+            guard Self.isPlainName(name), let p = path(parent) else { return nil }
             return ViewName(parent: parent, name: name, path: p.isEmpty ? name : p + [0x2f] + name)
         }
+        /// What the name names now, if this view shows it.
         func current(_ parent: InodeNumber, _ name: [UInt8]) -> Attributes? {
-            guard let ino = state.children[parent]?[name], let n = state.nodes[ino] else { return nil }
+            guard let ino = state.children[parent]?[name], let n = state.nodes[ino], policy.visible(n, in: state) else { return nil }
             return attributes(n, doc: docsLock.withLock { docs[ino] })
         }
         // A changed file is replayed once a round (new content if any of its changes had
-        // some), by one of its names in a folder the kernel holds.
+        // some), by the name the kernel holds it by.
         var changed: [InodeNumber: Bool] = [:]
         for case .changed(let ino, let content) in pending { changed[ino] = (changed[ino] ?? false) || content }
-        var changedNames: [InodeNumber: (InodeNumber, [UInt8])] = [:]
-        if !changed.isEmpty {
-            for dir in kernelHeldFolders() {
-                for (name, child) in state.children[dir] ?? [:] where changed[child] != nil && changedNames[child] == nil {
-                    changedNames[child] = (dir, name)
-                }
-            }
-        }
         var out: [WatchEvent] = []
+        // Names this round's replays give the kernel, which a change to the same file goes by.
+        var named: [InodeNumber: KernelName] = [:]
         for w in pending {
             switch w {
             case .created(let parent, let name):
                 guard kernelHolds(parent), let node = current(parent, name), let v = viewName(parent, name) else { continue }
                 out.append(.created(v, node: node))
+                named[node.ino] = KernelName(parent: parent, name: name)
             case .removed(let parent, let name, let was):
                 guard kernelHolds(parent), let v = viewName(parent, name) else { continue }
-                out.append(.removed(v, was: was))
+                out.append(.removed(v, was: standIn(for: was)))
             case .moved(let from, let to, let replaced):
-                guard kernelHolds(from.0) || kernelHolds(to.0), let node = current(to.0, to.1) else { continue }
-                switch (viewName(from.0, from.1), viewName(to.0, to.1)) {
-                case (let f?, let t?): out.append(.moved(from: f, to: t, node: node, replaced: replaced))
-                case (nil, let t?) where kernelHolds(to.0): out.append(.created(t, node: node))
+                guard kernelHolds(from.0) || kernelHolds(to.0) else { continue }
+                let node = current(to.0, to.1)
+                switch (viewName(from.0, from.1), node.flatMap { _ in viewName(to.0, to.1) }) {
+                case (let f?, let t?):
+                    out.append(.moved(from: f, to: t, node: node!, replaced: replaced.map { standIn(for: $0) }))
+                    named[node!.ino] = KernelName(parent: to.0, name: to.1)
+                case (nil, let t?) where kernelHolds(to.0):
+                    out.append(.created(t, node: node!))
+                    named[node!.ino] = KernelName(parent: to.0, name: to.1)
                 case (let f?, nil) where kernelHolds(from.0):
-                    // Into Recently Deleted is a removal, as a local one is; elsewhere, a stand-in.
-                    var was = node
-                    if was.kind == .directory && state.trashed[was.ino] == nil { was.ino = nextGhostID() }
-                    out.append(.removed(f, was: was))
+                    // Out of this view: into Recently Deleted (a removal, as a local one is) or
+                    // into what only the app view shows.
+                    guard let ino = state.children[to.0]?[to.1], let was = watchAttributes(of: ino) else { continue }
+                    out.append(.removed(f, was: standIn(for: was)))
                 default: break
                 }
             case .changed(let ino, _):
-                guard let content = changed.removeValue(forKey: ino), let (parent, name) = changedNames[ino],
-                      let node = current(parent, name), let v = viewName(parent, name) else { continue }
+                guard let content = changed.removeValue(forKey: ino), let k = named[ino] ?? kernelName(of: ino),
+                      state.children[k.parent]?[k.name] == ino, let node = current(k.parent, k.name),
+                      let v = viewName(k.parent, k.name) else { continue }
                 out.append(.changed(v, node: node, content: content))
             }
         }
         return out
     }
 
+    /// A name a path may carry as one component. Another writer's names were checked when it
+    /// made them; a damaged or hostile store must still never lead a replay out of the mount.
+    static func isPlainName(_ name: [UInt8]) -> Bool {
+        !name.isEmpty && name != [0x2e] && name != [0x2e, 0x2e] && !name.contains(0x2f) && !name.contains(0)
+    }
+
     /// The path of folder `dir` from the mount root in this view ([] for the root), or nil if
-    /// the view does not show it.
+    /// the view does not show it (Recently Deleted, a folder past the container's levels).
     func viewPath(of dir: InodeNumber) -> [UInt8]? {
         if dir == Self.rootID { return [] }
         guard let n = state.nodes[dir], n.kind == .directory, let c = state.containers[n.container],
               policy.isShown(c), let top = policy.containerFolderIno(c, in: state) else { return nil }
         var parts: [[UInt8]] = []
-        var at = dir
-        while at != top {
+        var at = n
+        while at.ino != top {
             // Folders have one name; a cycle is impossible, but never loop on a damaged store.
-            guard parts.count < 4096, let p = state.parent[at],
-                  let name = state.children[p]?.first(where: { $0.value == at })?.key else { return nil }
+            guard parts.count < 4096, policy.visible(at, in: state), let p = state.parent[at.ino],
+                  let name = state.children[p]?.first(where: { $0.value == at.ino })?.key, Self.isPlainName(name),
+                  let up = state.nodes[p] else { return nil }
             parts.append(name)
-            at = p
+            at = up
         }
-        parts.append(policy.containerFolderName(c))
+        let folder = policy.containerFolderName(c)
+        guard Self.isPlainName(folder) else { return nil }
+        parts.append(folder)
         return Array(parts.reversed().joined(separator: [0x2f]))
     }
 }

@@ -56,7 +56,7 @@ private func statOf(_ a: Attributes) -> stat {
     return st
 }
 
-private func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_param {
+func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_param {
     var e = fuse_entry_param()
     e.ino = fuse_ino_t(a.ino)
     e.generation = 1
@@ -105,12 +105,35 @@ struct Request: ~Copyable {
     consuming func replayMake(_ plan: ReplayPlan, _ parent: UInt64, _ n: [UInt8]) {
         guard plan.op == .make(.init(parent, n)) else { error(EAGAIN); return }
         let fs = self.fs
-        entry("replayed create", parent) { () throws(FSError) in try fs.lookup(parent: parent, name: n) }
+        entry("replayed create", parent, named: n) { () throws(FSError) in try fs.lookup(parent: parent, name: n) }
     }
 
-    /// A replay's unlink, rmdir or rename: done already, by the other writer.
+    /// A replay's unlink, rmdir or rename: done already, by the other writer, if the namespace
+    /// still says so (a local program may have made the name again meanwhile).
     consuming func replayDone(_ plan: ReplayPlan, _ op: ReplayPlan.Op) {
-        if plan.op == op { ok() } else { error(EAGAIN) }
+        let fs = self.fs
+        func absent(_ n: ReplayPlan.Name) -> Bool { (try? fs.lookup(parent: n.parent, name: n.name)) == nil }
+        let holds: Bool
+        switch (op, plan.op) {
+        case (.remove(let n), .remove(let planned)) where n == planned:
+            holds = absent(n)
+        case (.move(let from, let to), .move(let pf, let pt)) where from == pf && to == pt:
+            holds = absent(from) && (try? fs.lookup(parent: to.parent, name: to.name))?.ino == plan.moving
+        default:
+            holds = false
+        }
+        if holds, case .move(_, let to) = op, let moved = plan.moving { fs.kernelMoved(moved, parent: to.parent, name: to.name) }
+        if holds { ok() } else { error(EAGAIN) }
+    }
+
+    /// A replay's lookup the plan answers: the name as it was before the change (what it named,
+    /// kept for no time at all, since the namespace no longer has it; or "no such name").
+    consuming func replayLookup(_ answer: Attributes?, _ state: ReplayState) {
+        state.answered()
+        guard var a = answer else { error(ENOENT); return }
+        // Its own id: as the node is now (a local program may have written to it since).
+        if !ReplayPlan.isStandIn(a.ino), let now = try? fs.getattr(a.ino) { a = now }
+        entry(a, cacheSeconds: 0)
     }
 
     deinit {
@@ -136,11 +159,13 @@ struct Request: ~Copyable {
     }
 
     /// An entry: the kernel now holds one more reference to the node (until `forget`), counted
-    /// here, and taken back if the reply does not reach the kernel.
-    consuming func entry(_ a: Attributes) {
-        var e = entryOf(a, bridge.cacheSeconds)
+    /// here, and taken back if the reply does not reach the kernel. `named`: the folder and
+    /// name it was asked by. `cacheSeconds`: how long the kernel may keep it (the mount's
+    /// setting when nil).
+    consuming func entry(_ a: Attributes, named: (UInt64, [UInt8])? = nil, cacheSeconds: Double? = nil) {
+        var e = entryOf(a, cacheSeconds ?? bridge.cacheSeconds)
         let fs = self.fs
-        fs.remember(a.ino)
+        fs.remember(a.ino, parent: named?.0, name: named?.1)
         if fuse_reply_entry(req, &e) != 0 { fs.forget(a.ino, count: 1) }
         discard self
     }
@@ -157,10 +182,10 @@ struct Request: ~Copyable {
         discard self
     }
 
-    consuming func created(_ a: Attributes, _ fi: UnsafeMutablePointer<fuse_file_info>, undo: () -> Void) {
+    consuming func created(_ a: Attributes, named: (UInt64, [UInt8]), _ fi: UnsafeMutablePointer<fuse_file_info>, undo: () -> Void) {
         var e = entryOf(a, bridge.cacheSeconds)
         let fs = self.fs
-        fs.remember(a.ino)
+        fs.remember(a.ino, parent: named.0, name: named.1)
         if fuse_reply_create(req, &e, fi) != 0 {
             fs.forget(a.ino, count: 1)
             undo()
@@ -212,10 +237,10 @@ struct Request: ~Copyable {
         ok()
     }
 
-    consuming func entry(_ op: String, _ ino: UInt64, _ body: () throws(FSError) -> Attributes) {
+    consuming func entry(_ op: String, _ ino: UInt64, named: [UInt8]? = nil, _ body: () throws(FSError) -> Attributes) {
         let a: Attributes
         do throws(FSError) { a = try body() } catch { fail(op, ino, error); return }
-        entry(a)
+        entry(a, named: named.map { (ino, $0) })
     }
 
     consuming func attr(_ op: String, _ ino: UInt64, _ body: () throws(FSError) -> Attributes) {
@@ -290,11 +315,13 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.lookup = { req, parent, cname in
         let r = Request(req), fs = r.fs
         if let plan = r.replayPlan, let answer = plan.answers[.init(parent, name(cname))] {
-            if let a = answer { r.entry(a) } else { r.error(ENOENT) }
+            let state = r.bridge.replay
+            r.replayLookup(answer, state)
             return
         }
-        r.entry("lookup", parent) { () throws(FSError) in
-            try fs.lookup(parent: parent, name: name(cname))
+        let n = name(cname)
+        r.entry("lookup", parent, named: n) { () throws(FSError) in
+            try fs.lookup(parent: parent, name: n)
         }
     }
 
@@ -314,7 +341,10 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.getattr = { req, ino, _ in
         let r = Request(req), fs = r.fs
-        if let plan = r.replayPlan, let a = plan.attributes[ino] { r.attr(a); return }
+        if let plan = r.replayPlan, let a = plan.attributes[ino] {
+            if !ReplayPlan.isStandIn(ino), let now = try? fs.getattr(ino) { r.attr(now) } else { r.attr(a) }
+            return
+        }
         r.attr("getattr", ino) { () throws(FSError) in try fs.getattr(ino) }
     }
 
@@ -351,7 +381,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.mknod = { req, parent, cname, mode, rdev in
         let r = Request(req), fs = r.fs, who = r.caller
         if let plan = r.replayPlan { r.replayMake(plan, parent, name(cname)); return }
-        r.entry("mknod", parent) { () throws(FSError) in
+        r.entry("mknod", parent, named: name(cname)) { () throws(FSError) in
             try fs.mknod(parent: parent, name: name(cname), mode: UInt32(mode), rdev: UInt64(rdev), caller: who)
         }
     }
@@ -359,7 +389,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.mkdir = { req, parent, cname, mode in
         let r = Request(req), fs = r.fs, who = r.caller
         if let plan = r.replayPlan { r.replayMake(plan, parent, name(cname)); return }
-        r.entry("mkdir", parent) { () throws(FSError) in
+        r.entry("mkdir", parent, named: name(cname)) { () throws(FSError) in
             try fs.mkdir(parent: parent, name: name(cname), mode: UInt32(mode), caller: who)
         }
     }
@@ -379,7 +409,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.symlink = { req, link, parent, cname in
         let r = Request(req), fs = r.fs, who = r.caller
         if let plan = r.replayPlan { r.replayMake(plan, parent, name(cname)); return }
-        r.entry("symlink", parent) { () throws(FSError) in
+        r.entry("symlink", parent, named: name(cname)) { () throws(FSError) in
             try fs.symlink(parent: parent, name: name(cname), target: name(link), caller: who)
         }
     }
@@ -418,7 +448,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             attrs = a
             fi.pointee.fh = handle
         } catch { r.fail("create", parent, error); return }
-        r.created(attrs, fi) { try? fs.release(handle: fi.pointee.fh) }
+        r.created(attrs, named: (parent, name(cname)), fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 
     ops.read = { req, ino, size, off, fi in
@@ -649,7 +679,7 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
     defer { buffer.deallocate() }
     var used = 0
     // readdirplus entries with a node id count as lookups, once the reply is sent.
-    var added: [UInt64] = []
+    var added: [(UInt64, [UInt8])] = []
     for entry in entries {
         var counted: UInt64?
         var cname = entry.name
@@ -679,11 +709,11 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
         }
         if needed > size - used { break }
         used += needed
-        if let counted { added.append(counted) }
+        if let counted { added.append((counted, entry.name)) }
     }
-    for ino in added { b.fs.remember(ino) }
+    for (child, name) in added { b.fs.remember(child, parent: ino, name: name) }
     if !r.bytes(buffer, used) {
-        for ino in added { b.fs.forget(ino, count: 1) }
+        for (child, _) in added { b.fs.forget(child, count: 1) }
     }
 }
 
@@ -694,6 +724,7 @@ public final class FuseSession: @unchecked Sendable {
     public let mountpoint: String
     private var mounted = false
     private let readOnly: Bool
+    private let replayer: Replayer
 
     /// How long the kernel keeps names and attributes by default. Changes through this mount
     /// reach the kernel's cache as the kernel makes them; other writers' changes are invalidated
@@ -715,7 +746,9 @@ public final class FuseSession: @unchecked Sendable {
         let words: [String] = ["ubiquityfs", "-o", all.joined(separator: ",")]
         var argv: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) }
         defer { argv.forEach { free($0) } }
-        let ref = Unmanaged.passRetained(Bridge(fs: fs, cacheSeconds: cacheSeconds, log: log))
+        let bridge = Bridge(fs: fs, cacheSeconds: cacheSeconds, log: log)
+        replayer = Replayer(mountpoint: mountpoint, state: bridge.replay, log: log)
+        let ref = Unmanaged.passRetained(bridge)
         bridgeRef = ref
         var ops = makeOperations()
         let made: OpaquePointer? = argv.withUnsafeMutableBufferPointer { p in
@@ -749,6 +782,8 @@ public final class FuseSession: @unchecked Sendable {
         fuse_loop_cfg_set_max_threads(config, 16)
         fuse_loop_cfg_set_idle_threads(config, 4)
         let result = fuse_session_loop_mt(session, config)
+        // Nothing answers a replay from now on.
+        replayer.stop()
         fuse_loop_cfg_destroy(config)
         fuse_remove_signal_handlers(session)
         return result
@@ -775,16 +810,16 @@ public final class FuseSession: @unchecked Sendable {
     }
 
     /// Make other writers' changes again through the mount, for programs watching it (see
-    /// Replay.swift). Call after `invalidate`, from the same thread, with no model lock held:
-    /// each system call comes back to this daemon's workers. A read-only mount refuses every
-    /// such call before asking, so it has no replays.
+    /// Replay.swift), on the replay thread, after the invalidations sent before. A read-only
+    /// mount refuses every such call before asking, so it has no replays.
     public func replay(_ events: [WatchEvent]) {
         guard mounted, !readOnly, !events.isEmpty else { return }
-        UbiquityFuse.replay(events, at: mountpoint, state: bridgeRef.takeUnretainedValue().replay)
+        replayer.enqueue(events)
     }
 
     /// Unmount (if still mounted) and free the session.
     public func close() {
+        replayer.stop()
         // Answer lock requests still waiting while their session exists.
         bridgeRef.takeUnretainedValue().fs.stopLockWaits()
         if mounted {

@@ -1,6 +1,7 @@
-// A real file manager on the mount: PCManFM under Xvfb, on a D-Bus session of its own (for
-// GVfs's trash), driven from the keyboard with xdotool, every result checked on the filesystem,
-// screenshots kept in .build/test-artifacts/.
+// Real file managers on the mount: PCManFM and Nautilus under Xvfb, on a D-Bus session of their
+// own (for GVfs's trash), driven from the keyboard with xdotool, every result checked on the
+// filesystem, screenshots kept in .build/test-artifacts/. What a file manager shows is read
+// back from what it copies of the folder (select all, copy, the clipboard's URIs).
 
 import Foundation
 import Glibc
@@ -17,8 +18,9 @@ final class FileManagerTests: MountTestCase {
         super.tearDown()
     }
 
-    /// Xvfb on a free display, a D-Bus session, and PCManFM opened on `folder`.
-    private func startDesktop(_ folder: String) throws {
+    /// Xvfb on a free display, a D-Bus session, and the file manager (`pcmanfm` or `nautilus`)
+    /// opened on `folder`.
+    private func startDesktop(_ folder: String, program: String = "pcmanfm") throws {
         var number = 90 + Int(getpid() % 100)
         while Posix.exists("/tmp/.X11-unix/X\(number)") || Posix.exists("/tmp/.X\(number)-lock") { number += 1 }
         display = ":\(number)"
@@ -44,25 +46,31 @@ final class FileManagerTests: MountTestCase {
         try "[config]\nconfirm_del=0\nconfirm_trash=0\n".write(toFile: libfm + "/libfm.conf", atomically: true, encoding: .utf8)
         // (A first GTK start in the test's fresh HOME builds its font cache: it can take a while.
         // One that could not open the display is started again, once.)
-        var pcmanfm = try BackgroundProcess(["pcmanfm", folder], environment: desktop, log: workDir + "/pcmanfm.log")
-        processes.append(pcmanfm)
+        let argv = program == "nautilus" ? ["nautilus", "--new-window", folder] : [program, folder]
+        let log = workDir + "/\(program).log"
+        var manager = try BackgroundProcess(argv, environment: desktop, log: log)
+        processes.append(manager)
         var window = ""
         do {
-            try waitFor("PCManFM's window", seconds: 90) {
-                if !pcmanfm.isRunning, processes.filter({ $0.argv[0] == "pcmanfm" }).count < 2,
-                   let again = try? BackgroundProcess(["pcmanfm", folder], environment: desktop, log: workDir + "/pcmanfm.log") {
-                    pcmanfm = again
+            try waitFor("\(program)'s window", seconds: 90) {
+                if !manager.isRunning, processes.filter({ $0.argv[0] == program }).count < 2,
+                   let again = try? BackgroundProcess(argv, environment: desktop, log: log) {
+                    manager = again
                     processes.append(again)
                 }
                 window = (try? waitForWindow(named: (folder as NSString).lastPathComponent, seconds: 1)) ?? ""
                 return !window.isEmpty
             }
         } catch {
-            throw FixtureError("\(error)\n--- pcmanfm:\n\(Posix.readText(workDir + "/pcmanfm.log") ?? "")\n--- Xvfb:\n\(Posix.readText(workDir + "/xvfb.log") ?? "")")
+            throw FixtureError("\(error)\n--- \(program):\n\(Posix.readText(log) ?? "")\n--- Xvfb:\n\(Posix.readText(workDir + "/xvfb.log") ?? "")")
         }
         x("windowsize \(window) 900 600 windowmove \(window) 0 0 windowfocus --sync \(window)")
         usleep(500_000)
+        self.window = window
+        self.program = program
     }
+    private var window = ""
+    private var program = ""
 
     private func waitFor(_ what: String, seconds: Double, _ check: () -> Bool) throws {
         let deadline = Date().addingTimeInterval(seconds)
@@ -121,8 +129,10 @@ final class FileManagerTests: MountTestCase {
         do { try waitFor(what, seconds: seconds, check) } catch { XCTFail("\(error)", file: file, line: line) }
     }
 
-    /// The names PCManFM's view of the current folder holds: select all, copy, read the clipboard.
+    /// The names the file manager's view of the current folder holds: select all, copy, read
+    /// the clipboard. (Nautilus takes keys in its view once clicked there, on an empty spot.)
     private func namesShown() -> Set<String> {
+        if program == "nautilus" { x("mousemove --window \(window) 800 450 click 1") }
         keys("ctrl+a ctrl+c")
         let copied = Command.run(["xclip", "-o", "-selection", "clipboard", "-t", "x-special/gnome-copied-files"],
                                  timeout: 10, environment: desktop)
@@ -151,6 +161,59 @@ final class FileManagerTests: MountTestCase {
         assertSucceeds("unlink on the other mount") { unlink(other + "/TestDrive/Phone notes.txt") }
         eventually("the delete shown") { self.namesShown() == ["MyTextFile.txt"] }
         XCTAssertEqual(ls(docs("TestDrive")), ["MyTextFile.txt"])
+        for p in processes.reversed() { p.stop() }
+        processes = []
+        try unmount()
+        try unmount(at: other)
+    }
+
+    /// Nautilus (GTK 4) on the mount: the containers by name, a file in one, another mount's
+    /// changes with no refresh, a rename, the folder levels, the trash; nothing it keeps lands
+    /// in the containers.
+    func testNautilusOnTheMount() throws {
+        let other = workDir + "/mnt2"
+        try FileManager.default.createDirectory(atPath: other, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache, at: other)
+        try mount(extra: TwoMountsTests.longCache)
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/MyTextFile.txt", "Hello from iCloud Drive\n"), 0)
+        try startDesktop(mountPoint, program: "nautilus")
+        eventually("the containers shown", seconds: 20) { self.namesShown() == ["Notes", "SugoiApp", "TestDrive"] }
+        screenshot("nautilus-containers.png")
+        try go(docs("TestDrive"))
+        eventually("TestDrive's file shown") { self.namesShown() == ["MyTextFile.txt"] }
+
+        XCTAssertEqual(Posix.writeFile(other + "/TestDrive/From the phone.txt", "sent from another device\n"), 0)
+        eventually("the other mount's new file shown") { self.namesShown() == ["MyTextFile.txt", "From the phone.txt"] }
+        screenshot("nautilus-other-mount.png")
+        assertSucceeds("unlink on the other mount") { unlink(other + "/TestDrive/From the phone.txt") }
+        eventually("the other mount's delete shown") { self.namesShown() == ["MyTextFile.txt"] }
+
+        // Rename (F2): Nautilus selects the name without its extension.
+        keys("ctrl+a F2")
+        type("Report")
+        keys("Return")
+        eventually("renamed") { Posix.readText(docs("TestDrive") + "/Report.txt") == "Hello from iCloud Drive\n" }
+
+        // A folder where the container allows none: refused, nothing made.
+        keys("ctrl+shift+n")
+        type("Nope")
+        keys("Return")
+        usleep(1_000_000)
+        screenshot("nautilus-folder-levels.png")
+        keys("Escape")
+        XCTAssertFalse(Posix.exists(docs("TestDrive") + "/Nope"), "TestDrive allows no folders")
+
+        // To the trash (Delete): into Recently Deleted.
+        x("mousemove --window \(window) 800 450 click 1")
+        keys("ctrl+a Delete")
+        eventually("moved to the trash") { !Posix.exists(docs("TestDrive") + "/Report.txt") }
+        XCTAssertTrue(ubiquityfs(["trash", "list", "--store", storeDir]).stdout.contains("TestDrive/Report.txt"))
+
+        XCTAssertEqual(ls(docs("TestDrive")), [])
+        XCTAssertEqual(ls(docs("SugoiApp")), [])
+        XCTAssertEqual(ls(mountPoint), ["Notes", "SugoiApp", "TestDrive"])
+        let nautilus = processes.first { $0.argv[0] == "nautilus" }
+        XCTAssertTrue(nautilus?.isRunning ?? false, "Nautilus is still running: \(Posix.readText(workDir + "/nautilus.log") ?? "")")
         for p in processes.reversed() { p.stop() }
         processes = []
         try unmount()
