@@ -117,8 +117,28 @@ enum Command {
         return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
     }
 
+    /// One folder of the test process's own for commands' output: files made and removed in
+    /// /tmp itself for each command would flood a file manager watching /tmp (Nautilus watches
+    /// each folder on its path bar) and keep it busy.
+    private static let outputFolder: String = {
+        var template = Array("/tmp/ubiquityfs-mounttests-io-XXXXXX".utf8CString)
+        guard template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) != nil else { return "/tmp" }
+        let folder = stringFromCBuffer(template)
+        // Removed when the test process ends.
+        atexit { _ = Command.removeOutputFolder() }
+        return folder
+    }()
+
+    fileprivate static func removeOutputFolder() -> Int32 {
+        guard outputFolder != "/tmp" else { return 0 }
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: outputFolder)) ?? [] {
+            unlink(outputFolder + "/" + name)
+        }
+        return rmdir(outputFolder)
+    }
+
     private static func temporaryFile(_ kind: String) -> String {
-        var template = Array("/tmp/ubiquityfs-mounttests-\(kind)-XXXXXX".utf8CString)
+        var template = Array("\(outputFolder)/\(kind)-XXXXXX".utf8CString)
         let fd = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
         if fd >= 0 { close(fd) }
         return stringFromCBuffer(template)
