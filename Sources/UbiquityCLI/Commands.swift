@@ -394,8 +394,14 @@ let unmountCommand = Subcommand(
             writeError("ubiquityfs unmount: \(mountpoint) is not a ubiquityfs mount")
             return ExitCode.failure
         }
-        let status = runProgram("/bin/fusermount3", ["-u", mountpoint])
-        guard status == 0 else {
+        // The daemon's own replays for watchers hold the mount for a moment at a time: a busy
+        // mount is tried again for about a second before it counts as busy.
+        var status = runProgram("/bin/fusermount3", ["-u", mountpoint], quiet: true)
+        for attempt in 1...10 where status != 0 && isMounted(mountpoint) {
+            usleep(100_000)
+            status = runProgram("/bin/fusermount3", ["-u", mountpoint], quiet: attempt < 10)
+        }
+        guard status == 0 || !isMounted(mountpoint) else {
             writeError("ubiquityfs unmount: fusermount3 -u \(mountpoint) failed (is a file still open there? 'fuser -m \(mountpoint)' tells)")
             return ExitCode.failure
         }
@@ -419,11 +425,15 @@ func isMounted(_ path: String) -> Bool {
     }
 }
 
-func runProgram(_ path: String, _ args: [String]) -> Int32 {
+func runProgram(_ path: String, _ args: [String], quiet: Bool = false) -> Int32 {
     var pid: pid_t = 0
     let cargs = ([path] + args).map { strdup($0) } + [nil]
     defer { cargs.forEach { free($0) } }
-    guard posix_spawn(&pid, path, nil, nil, cargs, environ) == 0 else { return 127 }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    if quiet { posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0) }
+    guard posix_spawn(&pid, path, &actions, nil, cargs, environ) == 0 else { return 127 }
     var status: Int32 = 0
     while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
     return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)

@@ -289,6 +289,14 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
+    /// Whether the kernel may be given `ino` for a replay: it still has a name (Recently
+    /// Deleted counts), or the kernel holds it already. The kernel forgets what it is given, and
+    /// the forget of a node with no name deletes it, which another writer may still have open.
+    public func mayGiveKernel(_ ino: UInt64) -> Bool {
+        if kernelHolds(ino) { return true }
+        return ns.read { (state.nodes[ino]?.nlink ?? 0) > 0 }
+    }
+
     /// The kernel moved its entry for `ino` to `name` in `parent` (a replayed rename).
     public func kernelMoved(_ ino: UInt64, parent: UInt64, name: [UInt8]) {
         docsLock.withLock {

@@ -127,12 +127,7 @@ extension UbiquityFileSystem {
     func watchEvents(_ pending: [PendingWatch]) -> [WatchEvent] {
         guard !pending.isEmpty else { return [] }
         var paths: [InodeNumber: [UInt8]?] = [:]
-        func path(_ dir: InodeNumber) -> [UInt8]? {
-            if let p = paths[dir] { return p }
-            let p = viewPath(of: dir)
-            paths[dir] = p
-            return p
-        }
+        func path(_ dir: InodeNumber) -> [UInt8]? { viewPath(of: dir, memo: &paths) }
         func viewName(_ parent: InodeNumber, _ name: [UInt8]) -> ViewName? {
             guard Self.isPlainName(name), let p = path(parent) else { return nil }
             return ViewName(parent: parent, name: name, path: p.isEmpty ? name : p + [0x2f] + name)
@@ -193,24 +188,48 @@ extension UbiquityFileSystem {
 
     /// The path of folder `dir` from the mount root in this view ([] for the root), or nil if
     /// the view does not show it (Recently Deleted, a folder past the container's levels).
-    func viewPath(of dir: InodeNumber) -> [UInt8]? {
+    /// `memo` keeps the folders' paths found on the way, for the other events of the round.
+    func viewPath(of dir: InodeNumber, memo: inout [InodeNumber: [UInt8]?]) -> [UInt8]? {
         if dir == Self.rootID { return [] }
-        guard let n = state.nodes[dir], n.kind == .directory, let c = state.containers[n.container],
-              policy.isShown(c), let top = policy.containerFolderIno(c, in: state) else { return nil }
-        var parts: [[UInt8]] = []
-        var at = n
-        while at.ino != top {
-            // Folders have one name; a cycle is impossible, but never loop on a damaged store.
-            guard parts.count < 4096, policy.visible(at, in: state), let p = state.parent[at.ino],
-                  let name = state.children[p]?.first(where: { $0.value == at.ino })?.key, Self.isPlainName(name),
-                  let up = state.nodes[p] else { return nil }
-            parts.append(name)
-            at = up
+        if let known = memo[dir] { return known }
+        // Folders have one name, and a cycle is impossible; the walk still stops on a damaged store.
+        var chain: [InodeNumber] = []
+        var at = dir
+        var found: [UInt8]??
+        while found == nil {
+            if let known = memo[at] { found = .some(known); break }
+            guard chain.count < 4096, let n = state.nodes[at], n.kind == .directory, let c = state.containers[n.container],
+                  policy.isShown(c), let top = policy.containerFolderIno(c, in: state), policy.visible(n, in: state) else {
+                found = .some(nil)
+                break
+            }
+            chain.append(at)
+            if at == top {
+                let name = policy.containerFolderName(c)
+                found = .some(Self.isPlainName(name) ? [] : nil)
+                break
+            }
+            guard let p = state.parent[at] else { found = .some(nil); break }
+            at = p
         }
-        let folder = policy.containerFolderName(c)
-        guard Self.isPlainName(folder) else { return nil }
-        parts.append(folder)
-        return Array(parts.reversed().joined(separator: [0x2f]))
+        // Down the chain again: each folder's path is its parent's and its name.
+        var path = found!
+        for (i, folder) in chain.enumerated().reversed() {
+            if let base = path {
+                let n = state.nodes[folder]!
+                let c = state.containers[n.container]!
+                if i == chain.count - 1 && folder == policy.containerFolderIno(c, in: state) {
+                    path = base + policy.containerFolderName(c)
+                } else if let p = state.parent[folder],
+                          let name = state.children[p]?.first(where: { $0.value == folder })?.key, Self.isPlainName(name) {
+                    path = base.isEmpty ? name : base + [0x2f] + name
+                } else {
+                    path = nil
+                }
+            }
+            memo[folder] = path
+        }
+        return path
     }
 }
 

@@ -131,8 +131,13 @@ struct Request: ~Copyable {
     consuming func replayLookup(_ answer: Attributes?, _ state: ReplayState) {
         state.answered()
         guard var a = answer else { error(ENOENT); return }
-        // Its own id: as the node is now (a local program may have written to it since).
-        if !ReplayPlan.isStandIn(a.ino), let now = try? fs.getattr(a.ino) { a = now }
+        if !ReplayPlan.isStandIn(a.ino) {
+            // Its own id, as the node is now (a local program may have written to it since),
+            // and only while it may be given: the kernel forgets what it is given, and a forget
+            // of a node that lost its last name since the plan was made would delete it.
+            guard fs.mayGiveKernel(a.ino), let now = try? fs.getattr(a.ino) else { error(ENOENT); return }
+            a = now
+        }
         entry(a, cacheSeconds: 0)
     }
 
@@ -170,9 +175,9 @@ struct Request: ~Copyable {
         discard self
     }
 
-    consuming func attr(_ a: Attributes) {
+    consuming func attr(_ a: Attributes, cacheSeconds: Double? = nil) {
         var st = statOf(a)
-        fuse_reply_attr(req, &st, bridge.cacheSeconds)
+        fuse_reply_attr(req, &st, cacheSeconds ?? bridge.cacheSeconds)
         discard self
     }
 
@@ -342,7 +347,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.getattr = { req, ino, _ in
         let r = Request(req), fs = r.fs
         if let plan = r.replayPlan, let a = plan.attributes[ino] {
-            if !ReplayPlan.isStandIn(ino), let now = try? fs.getattr(ino) { r.attr(now) } else { r.attr(a) }
+            if !ReplayPlan.isStandIn(ino), let now = try? fs.getattr(ino) { r.attr(now, cacheSeconds: 0) } else { r.attr(a, cacheSeconds: 0) }
             return
         }
         r.attr("getattr", ino) { () throws(FSError) in try fs.getattr(ino) }
@@ -428,11 +433,13 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.link = { req, ino, newParent, newName in
         let r = Request(req), fs = r.fs
+        if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         r.entry("link", ino) { () throws(FSError) in try fs.link(ino, newParent: newParent, newName: name(newName)) }
     }
 
     ops.open = { req, ino, fi in
         let r = Request(req), fs = r.fs
+        if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
         do throws(FSError) { fi.pointee.fh = try fs.open(ino, flags: fi.pointee.flags) } catch { r.fail("open", ino, error); return }
         r.opened(fi) { try? fs.release(handle: fi.pointee.fh) }
@@ -440,6 +447,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.create = { req, parent, cname, mode, fi in
         let r = Request(req), fs = r.fs
+        if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
         let attrs: Attributes
         do throws(FSError) {
@@ -465,6 +473,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.write = { req, ino, buf, size, off, fi in
         let r = Request(req)
+        if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         let n: Int
         do throws(FSError) {
             n = try r.fs.write(handle: fileHandle(fi), offset: UInt64(off), bytes: UnsafeRawBufferPointer(start: buf, count: size))
@@ -584,6 +593,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.setxattr = { req, ino, cname, value, size, flags in
         let r = Request(req), fs = r.fs
+        if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         let bytes = value.map { Array(UnsafeRawBufferPointer(start: $0, count: size)) } ?? []
         r.run("setxattr", ino) { () throws(FSError) in
             try fs.setxattr(ino, name: name(cname), value: bytes, flags: flags)
@@ -608,6 +618,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.removexattr = { req, ino, cname in
         let r = Request(req), fs = r.fs
+        if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         r.run("removexattr", ino) { () throws(FSError) in try fs.removexattr(ino, name: name(cname)) }
     }
 
@@ -725,6 +736,8 @@ public final class FuseSession: @unchecked Sendable {
     private var mounted = false
     private let readOnly: Bool
     private let replayer: Replayer
+    /// The request loop runs (set before it starts, cleared when it ends).
+    private let serving = Atomic<Bool>(true)
 
     /// How long the kernel keeps names and attributes by default. Changes through this mount
     /// reach the kernel's cache as the kernel makes them; other writers' changes are invalidated
@@ -782,7 +795,9 @@ public final class FuseSession: @unchecked Sendable {
         fuse_loop_cfg_set_max_threads(config, 16)
         fuse_loop_cfg_set_idle_threads(config, 4)
         let result = fuse_session_loop_mt(session, config)
-        // Nothing answers a replay from now on.
+        // Nothing answers a replay from now on; one still in flight ends when the session is
+        // destroyed (the kernel fails it), and invalidations no longer wait for it.
+        serving.store(false, ordering: .releasing)
         replayer.stop()
         fuse_loop_cfg_destroy(config)
         fuse_remove_signal_handlers(session)
@@ -795,6 +810,13 @@ public final class FuseSession: @unchecked Sendable {
     /// ENOENT (the kernel had nothing cached) is not an error.
     public func invalidate(_ changes: [KernelInvalidation]) {
         guard mounted else { return }
+        // Never beside a replay (see `Replayer.whileIdle`); given up once nothing serves.
+        while serving.load(ordering: .acquiring) {
+            if replayer.whileIdle(seconds: 1, { send(changes) }) { return }
+        }
+    }
+
+    private func send(_ changes: [KernelInvalidation]) {
         for change in changes {
             switch change {
             case .entry(let parent, let name):

@@ -83,9 +83,12 @@ final class Replayer: @unchecked Sendable {
     private let state: ReplayState
     private let log: @Sendable (String) -> Void
     private let condition = NSCondition()
-    private var queue: [WatchEvent] = []   // guarded by condition
+    private var queue: [WatchEvent] = []   // guarded by condition; from `head` on
+    private var head = 0                   // guarded by condition
     private var stopping = false           // guarded by condition
     private var started = false            // guarded by condition
+    private var busy = false               // guarded by condition: a replay is being made
+    private var paused = false             // guarded by condition: invalidations are being sent
     private var dropped = 0                // guarded by condition
     /// More than this waiting (a far bigger change elsewhere than anyone watches) and the
     /// oldest go: inotify itself keeps 16,384 events per watcher by default.
@@ -101,6 +104,10 @@ final class Replayer: @unchecked Sendable {
         condition.lock()
         defer { condition.unlock() }
         guard !stopping else { return }
+        if head > 0 {
+            queue.removeFirst(head)
+            head = 0
+        }
         queue += events
         if queue.count > Self.queueLimit {
             let over = queue.count - Self.queueLimit
@@ -117,25 +124,64 @@ final class Replayer: @unchecked Sendable {
         condition.signal()
     }
 
-    /// No more replays. One in flight is not waited for (see the top of this file).
+    /// No more replays. One in flight is not waited for: see the top of this file.
     func stop() {
         condition.lock()
+        defer { condition.unlock() }
         stopping = true
         queue = []
+        head = 0
+        condition.broadcast()
+    }
+
+    /// Runs `body` (the change feed's invalidations) with no replay in flight, if the one in
+    /// flight ends within `seconds`; false if it did not. An invalidation of a folder takes the
+    /// kernel's lock of that folder, which a replay in it holds until the daemon answers it:
+    /// were the two to overlap when the session stops serving, the invalidation would wait in
+    /// the kernel for good, and the daemon's stop with it.
+    func whileIdle(seconds: Double, _ body: () -> Void) -> Bool {
+        condition.lock()
+        let deadline = Date().addingTimeInterval(seconds)
+        while busy {
+            guard condition.wait(until: deadline) || !busy else {
+                condition.unlock()
+                return false
+            }
+        }
+        paused = true
+        condition.unlock()
+        body()
+        condition.lock()
+        paused = false
         condition.broadcast()
         condition.unlock()
+        return true
     }
 
     private func next() -> WatchEvent? {
         condition.lock()
         defer { condition.unlock() }
-        while queue.isEmpty && !stopping { condition.wait() }
-        return stopping ? nil : queue.removeFirst()
+        busy = false
+        condition.broadcast()
+        while (head == queue.count || paused) && !stopping { condition.wait() }
+        guard !stopping else { return nil }
+        busy = true
+        head += 1
+        return queue[head - 1]
     }
 
     private func run() {
         let tid = ubiquityfs_gettid()
-        guard let root = probe(tid) else { stop(); return }
+        condition.lock()
+        busy = true   // the probe is a replay too
+        condition.unlock()
+        guard let root = probe(tid) else {
+            condition.lock()
+            busy = false
+            condition.unlock()
+            stop()
+            return
+        }
         while let event = next() { replay(event, thread: tid, root: root) }
     }
 
@@ -155,6 +201,17 @@ final class Replayer: @unchecked Sendable {
         _ = lstat(mountpoint + "/" + String(decoding: name, as: UTF8.self), &probe)
         guard state.end() else {
             log("replays for watchers are off: the kernel does not name this daemon's threads as it sees them")
+            return nil
+        }
+        // What every replay needs: openat2 (Linux 5.6) and /proc's descriptor names.
+        guard let fd = folder([], device: st.st_dev) else {
+            log("replays for watchers are off: openat2 beneath the mount fails: \(String(cString: strerror(errno)))")
+            return nil
+        }
+        defer { close(fd) }
+        var viaProc = stat()
+        guard stat("/proc/self/fd/\(fd)", &viaProc) == 0, viaProc.st_ino == 1 else {
+            log("replays for watchers are off: /proc/self/fd does not name this daemon's descriptors")
             return nil
         }
         return st.st_dev
