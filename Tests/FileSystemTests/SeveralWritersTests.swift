@@ -8,22 +8,7 @@ import XCTest
 @testable import UbiquityFileSystem
 import UbiquityStore
 
-final class SeveralWritersTests: XCTestCase {
-    var store: BackingStore!
-    var one: UbiquityFileSystem!
-    var two: UbiquityFileSystem!
-
-    override func setUpWithError() throws {
-        store = makeMemoryStore()
-        one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
-        two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
-    }
-
-    override func tearDown() {
-        one = nil
-        two = nil
-        store = nil
-    }
+final class SeveralWritersTests: TwoWritersTestCase {
 
     /// Every path under SugoiApp with kind, mode, owner, link count, size, content and xattrs.
     private func tree(_ fs: UbiquityFileSystem) throws -> [String] {

@@ -170,3 +170,22 @@ extension UbiquityFileSystem {
         try listxattr(ino).filter { !$0.starts(with: b("user.ubiquity.")) }
     }
 }
+
+/// Two models on one in-memory store, as two daemons (devices) on one store: `one` and `two`.
+class TwoWritersTestCase: XCTestCase {
+    var store: BackingStore!
+    var one: UbiquityFileSystem!
+    var two: UbiquityFileSystem!
+
+    override func setUpWithError() throws {
+        store = makeMemoryStore()
+        one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
+        two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+    }
+
+    override func tearDown() {
+        one = nil
+        two = nil
+        store = nil
+    }
+}

@@ -7,22 +7,7 @@ import XCTest
 @testable import UbiquityFileSystem
 import UbiquityStore
 
-final class WatchEventTests: XCTestCase {
-    var store: BackingStore!
-    var one: UbiquityFileSystem!
-    var two: UbiquityFileSystem!
-
-    override func setUpWithError() throws {
-        store = makeMemoryStore()
-        one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
-        two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
-    }
-
-    override func tearDown() {
-        one = nil
-        two = nil
-        store = nil
-    }
+final class WatchEventTests: TwoWritersTestCase {
 
     /// What `two` replays now, one short line each.
     private func replays() throws -> [String] {
