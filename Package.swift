@@ -14,23 +14,29 @@ let package = Package(
         // SQLite for the embedded store's metadata. Only UbiquityStore imports it.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3",
                        providers: [.apt(["libsqlite3-dev"])]),
+        // libpq, PostgreSQL's client library. Only UbiquitySharedStore imports it.
+        .systemLibrary(name: "CPostgres", pkgConfig: "libpq",
+                       providers: [.apt(["libpq-dev"])]),
         // App manifests (Info.plist): parsing, validation, the CFBundleVersion registration rule.
         .target(name: "UbiquityManifests"),
         // The backing-store protocol and its embedded (SQLite + chunk files), in-memory and
         // fault-injecting implementations.
         .target(name: "UbiquityStore", dependencies: ["CSQLite"]),
+        // The shared store: metadata, change feed and locks on PostgreSQL, chunks in PostgreSQL
+        // or an S3-compatible object store, this machine's working copies in a local folder.
+        .target(name: "UbiquitySharedStore", dependencies: ["CPostgres", "UbiquityStore"]),
         // The filesystem model: namespace, views, document coordination. Knows nothing of FUSE.
         .target(name: "UbiquityFileSystem", dependencies: ["UbiquityStore"]),
         // The thin adapter from libfuse3's low-level API to the model.
         .target(name: "UbiquityFuse", dependencies: ["CFuse", "UbiquityFileSystem"]),
         // Subcommands, option parsing and the daemon's life cycle.
         .target(name: "UbiquityCLI", dependencies: ["UbiquityFuse", "UbiquityFileSystem",
-                                                    "UbiquityStore", "UbiquityManifests"]),
+                                                    "UbiquityStore", "UbiquitySharedStore", "UbiquityManifests"]),
         // The `ubiquityfs` executable: one entry file.
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"]),
 
         .testTarget(name: "ManifestsTests", dependencies: ["UbiquityManifests"]),
-        .testTarget(name: "StoreTests", dependencies: ["UbiquityStore"]),
+        .testTarget(name: "StoreTests", dependencies: ["UbiquityStore", "UbiquitySharedStore"]),
         .testTarget(name: "FileSystemTests", dependencies: ["UbiquityFileSystem", "UbiquityStore"]),
         // Mount the built binary for real; needs /dev/fuse and root (as CI has).
         .testTarget(name: "MountTests", dependencies: []),

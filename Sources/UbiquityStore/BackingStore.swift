@@ -304,6 +304,17 @@ public protocol MetadataStore: AnyObject, Sendable {
     func capacity() -> StoreCapacity
     /// Every blob any version refers to (for garbage collection).
     func referencedBlobs() throws(StoreError) -> Set<BlobID>
+    /// Waits at most `seconds` for a sign that another writer committed (a shared store's
+    /// notification), returning early when one comes. A sign only wakes the caller, which then
+    /// reads `changes(since:)`: a sign that is missed loses nothing. Stores with no such signs
+    /// just wait, and the caller polls.
+    func waitForChanges(_ seconds: Double)
+}
+
+public extension MetadataStore {
+    func waitForChanges(_ seconds: Double) {
+        if seconds > 0 { Thread.sleep(forTimeInterval: seconds) }
+    }
 }
 
 public struct StoreCapacity: Sendable, Equatable {

@@ -4,10 +4,10 @@
 
 import Foundation
 
-enum BatchCoding {
+package enum BatchCoding {
     static let format: UInt8 = 1
 
-    static func encode(_ mutations: [Mutation]) -> [UInt8] {
+    package static func encode(_ mutations: [Mutation]) -> [UInt8] {
         var w = Writer()
         w.byte(format)
         w.varint(UInt64(mutations.count))
@@ -45,7 +45,7 @@ enum BatchCoding {
     }
 
     /// The mutations, or nil if the bytes are not a batch of this format.
-    static func decode(_ bytes: [UInt8]) -> [Mutation]? {
+    package static func decode(_ bytes: [UInt8]) -> [Mutation]? {
         var r = Reader(bytes: bytes)
         guard r.byte() == format, let count = r.varint(), count <= UInt64(bytes.count) else { return nil }
         var out: [Mutation] = []

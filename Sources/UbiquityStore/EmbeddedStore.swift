@@ -75,7 +75,7 @@ private let storeTopFiles = ["lock", "daemon.pid", "ubiquityfs.log", "metadata.s
                              "metadata.sqlite3-wal", "metadata.sqlite3-shm"]
 
 /// Make the store folder `0700` and its known files `0600`, or fail saying how to fix it.
-func tightenPermissions(of directory: String, log: (String) -> Void) throws(StoreError) {
+package func tightenPermissions(of directory: String, log: (String) -> Void) throws(StoreError) {
     var st = stat()
     guard stat(directory, &st) == 0 else { throw systemError("stat", directory, errno) }
     if st.st_mode & 0o077 != 0 {

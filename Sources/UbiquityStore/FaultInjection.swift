@@ -216,6 +216,8 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
         try plan.check(.load)
         return try wrapped.referencedBlobs()
     }
+
+    public func waitForChanges(_ seconds: Double) { wrapped.waitForChanges(seconds) }
 }
 
 public final class FaultInjectingBlobStore: BlobStore, Sendable {

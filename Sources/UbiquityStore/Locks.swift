@@ -31,10 +31,10 @@ public struct LockRange: Sendable, Equatable {
     public static let wholeFile = LockRange(start: 0, length: 0)
 
     /// The last byte covered (inclusive); `Int64.max` for a range to the end.
-    var end: Int64 {
+    package var end: Int64 {
         length == 0 || length > Int64.max - start ? Int64.max : start + length - 1
     }
-    init(start: Int64, end: Int64) {
+    package init(start: Int64, end: Int64) {
         self.start = start
         self.length = end == Int64.max ? 0 : end - start + 1
     }
@@ -81,19 +81,23 @@ public protocol LockTable: AnyObject, Sendable {
 
 /// One owner's POSIX locks on one file: disjoint, sorted segments, neighbours of one mode merged,
 /// as the kernel keeps them.
-struct LockSegments: Sendable, Equatable {
-    struct Segment: Sendable, Equatable {
-        var start: Int64
-        var end: Int64   // inclusive
-        var mode: LockMode
+package struct LockSegments: Sendable, Equatable {
+    package struct Segment: Sendable, Equatable {
+        package var start: Int64
+        package var end: Int64   // inclusive
+        package var mode: LockMode
+        package init(start: Int64, end: Int64, mode: LockMode) {
+            self.start = start; self.end = end; self.mode = mode
+        }
     }
-    private(set) var segments: [Segment] = []
-    var pid: Int32 = 0
+    package private(set) var segments: [Segment] = []
+    package var pid: Int32 = 0
+    package init() {}
 
-    var isEmpty: Bool { segments.isEmpty }
+    package var isEmpty: Bool { segments.isEmpty }
 
     /// Apply a lock (`mode` non-nil) or unlock of `[start, end]`: what was there is replaced.
-    mutating func apply(_ mode: LockMode?, start: Int64, end: Int64) {
+    package mutating func apply(_ mode: LockMode?, start: Int64, end: Int64) {
         var out: [Segment] = []
         out.reserveCapacity(segments.count + 2)
         for s in segments {
@@ -116,7 +120,7 @@ struct LockSegments: Sendable, Equatable {
     }
 
     /// The first segment that a lock of `mode` on `[start, end]` by another owner conflicts with.
-    func conflict(with mode: LockMode, start: Int64, end: Int64) -> Segment? {
+    package func conflict(with mode: LockMode, start: Int64, end: Int64) -> Segment? {
         segments.first { $0.end >= start && $0.start <= end && ($0.mode == .write || mode == .write) }
     }
 }

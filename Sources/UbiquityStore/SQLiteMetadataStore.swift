@@ -106,10 +106,10 @@ private let schemaSQL = """
 // MARK: - Packed chunk lists
 
 /// Chunk list ↔ BLOB: per chunk blob u64, length u32, checksum u64, little endian (20 bytes).
-enum ChunkPacking {
+package enum ChunkPacking {
     static let entrySize = 20
 
-    static func pack(_ chunks: [ChunkRef]) -> [UInt8] {
+    package static func pack(_ chunks: [ChunkRef]) -> [UInt8] {
         var out = [UInt8]()
         out.reserveCapacity(chunks.count * entrySize)
         for c in chunks {
@@ -120,7 +120,7 @@ enum ChunkPacking {
         return out
     }
 
-    static func unpack(_ bytes: UnsafeRawBufferPointer) -> [ChunkRef]? {
+    package static func unpack(_ bytes: UnsafeRawBufferPointer) -> [ChunkRef]? {
         guard bytes.count % entrySize == 0 else { return nil }
         var chunks = [ChunkRef]()
         chunks.reserveCapacity(bytes.count / entrySize)
@@ -817,7 +817,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 }
 
 /// statvfs of `path`'s filesystem; zeros if it fails.
-func capacityOfFilesystem(at path: String) -> StoreCapacity {
+package func capacityOfFilesystem(at path: String) -> StoreCapacity {
     var st = statvfs()
     guard retryEINTR({ statvfs(path, &st) }) == 0 else {
         return StoreCapacity(blockSize: 0, totalBlocks: 0, freeBlocks: 0, availableBlocks: 0,

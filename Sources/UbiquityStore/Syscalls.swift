@@ -11,7 +11,7 @@ import Darwin
 
 /// Runs `body` again while it fails with EINTR (returns -1 and errno == EINTR).
 @inline(__always)
-func retryEINTR<T: BinaryInteger>(_ body: () -> T) -> T {
+package func retryEINTR<T: BinaryInteger>(_ body: () -> T) -> T {
     while true {
         let result = body()
         if result == -1 && errno == EINTR { continue }
@@ -20,12 +20,12 @@ func retryEINTR<T: BinaryInteger>(_ body: () -> T) -> T {
 }
 
 /// A StoreError for a failed system call: "what path: strerror".
-func systemError(_ what: String, _ path: String, _ code: Int32) -> StoreError {
+package func systemError(_ what: String, _ path: String, _ code: Int32) -> StoreError {
     StoreError(errno: code, "\(what) \(path): \(String(cString: strerror(code)))")
 }
 
 /// Reads until `buffer` is full or end of file. Returns the count read.
-func preadFully(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, at offset: Int,
+package func preadFully(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, at offset: Int,
                 path: @autoclosure () -> String) throws(StoreError) -> Int {
     guard offset >= 0 else { throw StoreError(errno: EINVAL, "read \(path()): negative offset \(offset)") }
     guard let base = buffer.baseAddress, buffer.count > 0 else { return 0 }
@@ -40,7 +40,7 @@ func preadFully(_ fd: Int32, _ buffer: UnsafeMutableRawBufferPointer, at offset:
 }
 
 /// Writes all of `bytes` at `offset` (retrying short writes).
-func pwriteFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int,
+package func pwriteFully(_ fd: Int32, _ bytes: UnsafeRawBufferPointer, at offset: Int,
                  path: @autoclosure () -> String) throws(StoreError) {
     guard offset >= 0 else { throw StoreError(errno: EINVAL, "write \(path()): negative offset \(offset)") }
     guard let base = bytes.baseAddress, bytes.count > 0 else { return }
@@ -79,7 +79,7 @@ func fdatasyncChecked(_ fd: Int32, path: @autoclosure () -> String) throws(Store
 }
 
 /// Opens `path` and fsyncs it (a directory, to make the names in it durable).
-func fsyncDirectory(_ path: String) throws(StoreError) {
+package func fsyncDirectory(_ path: String) throws(StoreError) {
     let fd = retryEINTR { open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
     if fd < 0 { throw systemError("open", path, errno) }
     defer { close(fd) }
@@ -100,7 +100,7 @@ func makeDirectory(_ path: String, mode: mode_t = 0o700) throws(StoreError) -> B
 }
 
 /// mkdir -p: creates `path` and any missing parents (all with `mode`).
-func makeDirectories(_ path: String, mode: mode_t = 0o700) throws(StoreError) {
+package func makeDirectories(_ path: String, mode: mode_t = 0o700) throws(StoreError) {
     var st = stat()
     if stat(path, &st) == 0 {
         if (st.st_mode & S_IFMT) == S_IFDIR { return }
@@ -158,11 +158,12 @@ func renameNoReplace(_ from: String, _ to: String) throws(StoreError) {
 }
 
 /// A lock for the `@unchecked Sendable` classes of this module, with a typed-throws `withLock`.
-final class StoreMutex: @unchecked Sendable {
+package final class StoreMutex: @unchecked Sendable {
     // NSLock is itself thread-safe; this wrapper only adds typed throws.
     private let lock = NSLock()
+    package init() {}
     @inline(__always)
-    func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+    package func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
         lock.lock()
         defer { lock.unlock() }
         return try body()

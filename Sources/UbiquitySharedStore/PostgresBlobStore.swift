@@ -1,0 +1,149 @@
+// Content chunks in PostgreSQL itself (`ubiquityfs.blobs`, one `bytea` row per chunk), for small
+// deployments with one server. Each row records when it was written, for garbage collection's
+// grace period.
+
+import Foundation
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A few connections for calls that may run on many threads at once (chunk reads).
+final class PGPool: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var idle: [PGConnection]   // guarded by condition
+    private var made: Int              // guarded by condition
+    private let limit: Int
+    let target: PGTarget
+
+    init(_ target: PGTarget, limit: Int) {
+        self.target = target
+        self.limit = max(1, limit)
+        idle = []
+        made = 0
+    }
+
+    func with<R>(_ body: (PGConnection) throws(StoreError) -> R) throws(StoreError) -> R {
+        condition.lock()
+        while idle.isEmpty && made >= limit { condition.wait() }
+        let c: PGConnection
+        if let last = idle.popLast() {
+            c = last
+        } else {
+            made += 1
+            c = PGConnection(target)
+        }
+        condition.unlock()
+        defer {
+            condition.lock()
+            idle.append(c)
+            condition.signal()
+            condition.unlock()
+        }
+        return try body(c)
+    }
+}
+
+/// Blob ids, unique across every machine of the store: reserved from its counter in ranges.
+final class BlobIDs: @unchecked Sendable {
+    private let mutex = StoreMutex()
+    private var next: Int64 = 1     // guarded by mutex
+    private var last: Int64 = 0     // guarded by mutex
+    private let reserve: (Int) throws(StoreError) -> ClosedRange<Int64>
+
+    init(reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) { self.reserve = reserve }
+
+    func take() throws(StoreError) -> BlobID {
+        try mutex.withLock { () throws(StoreError) -> BlobID in
+            if next > last {
+                let range = try reserve(64)
+                next = range.lowerBound
+                last = range.upperBound
+            }
+            defer { next += 1 }
+            return BlobID(bitPattern: next)
+        }
+    }
+}
+
+/// Reserves `count` ids of counter `key` on connection `c`.
+func reserveCounter(_ c: PGConnection, _ key: String, _ count: Int) throws(StoreError) -> ClosedRange<Int64> {
+    let r = try c.query("UPDATE ubiquityfs.store SET value = value + $2 WHERE key = $1 RETURNING value",
+                        [.text(key), .int(Int64(count))])
+    guard r.count == 1 else { throw StoreError(.corrupt, "the store's counter \(key) is missing") }
+    let last = r.int(0, 0)
+    return (last - Int64(count) + 1)...last
+}
+
+public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
+    private let pool: PGPool
+    private let ids: BlobIDs
+
+    public init(url: String, timeout: Double = 10, connections: Int = 4) throws(StoreError) {
+        try checkPostgresURL(url)
+        let pool = PGPool(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs chunks"), limit: connections)
+        self.pool = pool
+        ids = BlobIDs { (count) throws(StoreError) in try pool.with { (c) throws(StoreError) in try reserveCounter(c, "max_blob", count) } }
+    }
+
+    public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
+        guard bytes.count <= chunkSize else {
+            throw StoreError(errno: EINVAL, "blob of \(bytes.count) bytes is larger than a chunk (\(chunkSize))")
+        }
+        let checksum = contentChecksum(bytes)
+        let id = try ids.take()
+        try pool.with { (c) throws(StoreError) in
+            _ = try c.query("INSERT INTO ubiquityfs.blobs(id, written, data) VALUES($1, $2, $3)",
+                            [.int(Int64(bitPattern: id)), .int(nowNanoseconds()), .buffer(bytes)])
+        }
+        return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
+    }
+
+    public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        if blob == 0 || buffer.isEmpty { return 0 }   // the hole: an empty blob
+        guard offset >= 0 else { throw StoreError(errno: EINVAL, "read chunk \(String(blob, radix: 16)): negative offset \(offset)") }
+        return try pool.with { (c) throws(StoreError) -> Int in
+            // substring counts from 1.
+            let r = try c.query("SELECT substring(data FROM $2::integer FOR $3::integer) FROM ubiquityfs.blobs WHERE id = $1",
+                                [.int(Int64(bitPattern: blob)), .int(Int64(offset) + 1), .int(Int64(buffer.count))])
+            guard r.count == 1 else { throw StoreError(.notFound, "chunk \(String(blob, radix: 16)) is not in the store") }
+            return try r.withBytes(0, 0) { (bytes) throws(StoreError) -> Int in
+                let n = min(bytes.count, buffer.count)
+                if n > 0 { buffer.baseAddress!.copyMemory(from: bytes.baseAddress!, byteCount: n) }
+                return n
+            }
+        }
+    }
+
+    /// Every write was committed by the server before it returned.
+    public func syncAll() throws(StoreError) {}
+
+    public func delete(_ blob: BlobID) throws(StoreError) {
+        try pool.with { (c) throws(StoreError) in
+            _ = try c.query("DELETE FROM ubiquityfs.blobs WHERE id = $1", [.int(Int64(bitPattern: blob))])
+        }
+    }
+
+    public func verify(_ ref: ChunkRef) -> Bool {
+        guard !ref.isHole else { return true }
+        let result: Bool? = try? pool.with { (c) throws(StoreError) -> Bool in
+            let r = try c.query("SELECT data FROM ubiquityfs.blobs WHERE id = $1", [.int(Int64(bitPattern: ref.blob))])
+            guard r.count == 1 else { return false }
+            return try r.withBytes(0, 0) { bytes in bytes.count == Int(ref.length) && contentChecksum(bytes) == ref.checksum }
+        }
+        return result ?? false
+    }
+
+    public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
+        try pool.with { (c) throws(StoreError) -> [BlobID] in
+            let r = try c.query("SELECT id FROM ubiquityfs.blobs WHERE written < $1", [.int(cutoff ?? Int64.max)])
+            return (0..<r.count).map { r.uint($0, 0) }
+        }
+    }
+}
+
+func nowNanoseconds() -> Int64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+}

@@ -1,0 +1,229 @@
+// Advisory locks held in PostgreSQL, so a `fcntl` or `flock` lock taken on one machine blocks a
+// conflicting one on another.
+//
+// One row per (node, writer, owner, style) holds that owner's ranges. A change locks the node's
+// row in `lock_nodes` first (`SELECT … FOR UPDATE`), so the rows of one node change one
+// transaction at a time, and computes the new ranges with the same rules as the local tables.
+//
+// Leases: a daemon that dies or loses its link cannot release its locks, so each writer renews a
+// lease in `writers` every few seconds while it holds locks, and the locks of a writer whose lease
+// ran out count for nothing (and are removed by the next change of that node). Lease times are
+// the server's clock, so the machines' clocks need not agree.
+
+import Foundation
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+public final class PostgresLockTable: LockTable, @unchecked Sendable {
+    /// How long a writer's locks outlive its last renewal.
+    public let leaseSeconds: Int
+    // `mutex` guards `connection` and `writers`.
+    private let mutex = StoreMutex()
+    private let connection: PGConnection
+    /// The writers this table has taken locks for, whose leases it renews.
+    private var writers: Set<String> = []
+    private var renewing = false
+
+    public init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
+        try checkPostgresURL(url)
+        connection = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs locks"))
+        self.leaseSeconds = max(3, leaseSeconds)
+    }
+
+    deinit {
+        // A clean stop: give every lock back now rather than at the lease's end.
+        for w in writers {
+            _ = try? connection.query("DELETE FROM ubiquityfs.locks WHERE writer = $1", [.text(w)])
+            _ = try? connection.query("DELETE FROM ubiquityfs.writers WHERE writer = $1", [.text(w)])
+        }
+    }
+
+    private static let serverMillis = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+    private struct Row {
+        var writer: String
+        var owner: UInt64
+        var style: LockStyle
+        var pid: Int32
+        var segments: LockSegments
+        var key: LockOwner { LockOwner(writer: writer, id: owner, style: style) }
+    }
+
+    private static func encode(_ s: LockSegments) -> [UInt8] {
+        var out: [UInt8] = []
+        for seg in s.segments {
+            withUnsafeBytes(of: seg.start.littleEndian) { out.append(contentsOf: $0) }
+            withUnsafeBytes(of: seg.end.littleEndian) { out.append(contentsOf: $0) }
+            out.append(seg.mode == .write ? 1 : 0)
+        }
+        return out
+    }
+
+    private static func decode(_ bytes: [UInt8]) -> LockSegments {
+        var s = LockSegments()
+        var i = 0
+        while i + 17 <= bytes.count {
+            let start = bytes.withUnsafeBytes { Int64(littleEndian: $0.loadUnaligned(fromByteOffset: i, as: Int64.self)) }
+            let end = bytes.withUnsafeBytes { Int64(littleEndian: $0.loadUnaligned(fromByteOffset: i + 8, as: Int64.self)) }
+            s.apply(bytes[i + 16] == 1 ? .write : .read, start: start, end: end)
+            i += 17
+        }
+        return s
+    }
+
+    /// The live rows of `node` (writers with a lease), inside the caller's transaction.
+    private func rows(_ node: InodeNumber) throws(StoreError) -> [Row] {
+        let r = try connection.query("""
+            SELECT l.writer, l.owner, l.style, l.pid, l.segments FROM ubiquityfs.locks l
+            JOIN ubiquityfs.writers w ON w.writer = l.writer
+            WHERE l.node = $1 AND w.lease_until > \(Self.serverMillis)
+            """, [.int(Int64(bitPattern: node))])
+        return (0..<r.count).map { i in
+            Row(writer: r.text(i, 0), owner: r.uint(i, 1), style: r.int(i, 2) == 1 ? .flock : .posix,
+                pid: Int32(truncatingIfNeeded: r.int(i, 3)), segments: Self.decode(r.bytes(i, 4)))
+        }
+    }
+
+    private func transaction<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
+        try connection.run("BEGIN", [])
+        do throws(StoreError) {
+            let result = try body()
+            try connection.run("COMMIT", [])
+            return result
+        } catch {
+            if connection.isConnected { _ = try? connection.run("ROLLBACK", []) }
+            throw error
+        }
+    }
+
+    public func set(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) throws(StoreError) -> Bool {
+        let granted = try mutex.withLock { () throws(StoreError) -> Bool in
+            let first = writers.insert(owner.writer).inserted
+            do throws(StoreError) {
+                return try transaction { () throws(StoreError) -> Bool in
+                    let n = Int64(bitPattern: node)
+                    try renew(owner.writer)
+                    try connection.query("INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1) ON CONFLICT (node) DO NOTHING", [.int(n)])
+                    try connection.query("SELECT node FROM ubiquityfs.lock_nodes WHERE node = $1 FOR UPDATE", [.int(n)])
+                    let live = try rows(node)
+                    let others = live.filter { $0.key != owner }
+                    var mine = live.first { $0.key == owner }?.segments ?? LockSegments()
+                    var granted = true
+                    switch owner.style {
+                    case .posix:
+                        let (start, end) = (range.start, range.end)
+                        if let mode, others.contains(where: { $0.style == .posix && $0.segments.conflict(with: mode, start: start, end: end) != nil }) {
+                            return false
+                        }
+                        mine.apply(mode, start: start, end: end)
+                    case .flock:
+                        let held = mine.segments.first?.mode
+                        if held == mode { return true }
+                        // A conversion drops the old lock first, as Linux's flock does.
+                        mine = LockSegments()
+                        if let mode {
+                            if others.contains(where: { $0.style == .flock && ($0.segments.segments.first?.mode == .write || mode == .write) }) {
+                                granted = false
+                            } else {
+                                mine.apply(mode, start: 0, end: Int64.max)
+                            }
+                        }
+                    }
+                    // Rows of writers whose lease ran out go now.
+                    try connection.query("""
+                        DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer NOT IN
+                            (SELECT writer FROM ubiquityfs.writers WHERE lease_until > \(Self.serverMillis))
+                        """, [.int(n)])
+                    let style = Int64(owner.style == .flock ? 1 : 0)
+                    if mine.isEmpty {
+                        try connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
+                                             [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style)])
+                    } else {
+                        try connection.query("""
+                            INSERT INTO ubiquityfs.locks(node, writer, owner, style, pid, segments) VALUES($1, $2, $3, $4, $5, $6)
+                            ON CONFLICT (node, writer, owner, style) DO UPDATE SET pid = EXCLUDED.pid, segments = EXCLUDED.segments
+                            """, [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style), .int(Int64(pid)),
+                                  .bytes(Self.encode(mine))])
+                    }
+                    return granted
+                }
+            } catch {
+                if first { writers.remove(owner.writer) }
+                throw error
+            }
+        }
+        startRenewing()
+        return granted
+    }
+
+    /// Extends `writer`'s lease. A lease that already ran out is not revived: others may have
+    /// taken its locks meanwhile, so its rows go and it starts again with none (as an NFS client
+    /// that lost its lease loses its locks).
+    private func renew(_ writer: String) throws(StoreError) {
+        let extended = try connection.query("""
+            UPDATE ubiquityfs.writers SET lease_until = \(Self.serverMillis) + $2
+            WHERE writer = $1 AND lease_until > \(Self.serverMillis)
+            """, [.text(writer), .int(Int64(leaseSeconds) * 1000)])
+        if extended.affected > 0 { return }
+        try connection.query("DELETE FROM ubiquityfs.locks WHERE writer = $1", [.text(writer)])
+        try connection.query("""
+            INSERT INTO ubiquityfs.writers(writer, lease_until) VALUES($1, \(Self.serverMillis) + $2)
+            ON CONFLICT (writer) DO UPDATE SET lease_until = EXCLUDED.lease_until
+            """, [.text(writer), .int(Int64(leaseSeconds) * 1000)])
+    }
+
+    public func test(_ node: InodeNumber, owner: LockOwner, mode: LockMode, range: LockRange) throws(StoreError) -> HeldLock? {
+        try mutex.withLock { () throws(StoreError) -> HeldLock? in
+            for row in try rows(node) where row.key != owner && row.style == .posix {
+                if let s = row.segments.conflict(with: mode, start: range.start, end: range.end) {
+                    return HeldLock(mode: s.mode, range: LockRange(start: s.start, end: s.end),
+                                    pid: row.writer == owner.writer ? row.pid : 0)
+                }
+            }
+            return nil
+        }
+    }
+
+    public func release(_ node: InodeNumber, owner: LockOwner) {
+        mutex.withLock {
+            // Offline, the lease's end releases it instead.
+            _ = try? connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
+                                      [.int(Int64(bitPattern: node)), .text(owner.writer), .int(Int64(bitPattern: owner.id)),
+                                       .int(Int64(owner.style == .flock ? 1 : 0))])
+        }
+    }
+
+    public func forget(_ node: InodeNumber) {
+        mutex.withLock {
+            _ = try? connection.query("""
+                DELETE FROM ubiquityfs.lock_nodes WHERE node = $1
+                    AND NOT EXISTS (SELECT 1 FROM ubiquityfs.locks WHERE node = $1)
+                """, [.int(Int64(bitPattern: node))])
+        }
+    }
+
+    /// Renews the leases of this table's writers a few times per lease, from a thread that ends
+    /// with the table.
+    private func startRenewing() {
+        let start: Bool = mutex.withLock {
+            if renewing { return false }
+            renewing = true
+            return true
+        }
+        guard start else { return }
+        let interval = Double(leaseSeconds) / 3
+        let t = Thread { [weak self] in
+            while true {
+                Thread.sleep(forTimeInterval: interval)
+                guard let self else { return }
+                self.mutex.withLock {
+                    for w in self.writers { try? self.renew(w) }
+                }
+            }
+        }
+        t.name = "lock-leases"
+        t.start()
+    }
+}

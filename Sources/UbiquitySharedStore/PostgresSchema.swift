@@ -1,0 +1,152 @@
+// The shared store's tables, in a schema of their own (`ubiquityfs`) so they live beside anything
+// else in the user's database. Kept to SQL that PostgreSQL's distributed peers (CockroachDB,
+// YugabyteDB) also accept: no stored procedures, no advisory locks, `ON CONFLICT` upserts. The one
+// PostgreSQL-only feature is LISTEN/NOTIFY, which only wakes other machines early (without it they
+// poll the change log).
+//
+// `store` holds the store's counters: the schema version, the last change-log position (`seq`:
+// every commit takes the next one while holding that row, so positions follow commit order and a
+// reader that has seen N has seen every commit before it), the high-water marks of inode, version
+// and blob ids (never reused), and how far the change log was trimmed.
+
+import Foundation
+import UbiquityStore
+
+/// 1: the first shared schema.
+let postgresSchemaVersion: Int64 = 1
+
+/// The channel other machines LISTEN on; a commit NOTIFYs it.
+let changeChannel = "ubiquityfs_changes"
+
+let postgresSchemaSQL = """
+    CREATE SCHEMA IF NOT EXISTS ubiquityfs;
+    CREATE TABLE IF NOT EXISTS ubiquityfs.store(
+        key text PRIMARY KEY,
+        value bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.meta(
+        key text PRIMARY KEY,
+        value text NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.nodes(
+        ino bigint PRIMARY KEY,
+        container text NOT NULL,
+        kind integer NOT NULL,
+        mode bigint NOT NULL,
+        uid bigint NOT NULL,
+        gid bigint NOT NULL,
+        nlink bigint NOT NULL,
+        size bigint NOT NULL,
+        atime bigint NOT NULL,
+        mtime bigint NOT NULL,
+        ctime bigint NOT NULL,
+        btime bigint NOT NULL,
+        rdev bigint NOT NULL,
+        target bytea NOT NULL,
+        current_version bigint,
+        change_seq bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.changes(
+        seq bigint PRIMARY KEY,
+        writer text NOT NULL,
+        token text NOT NULL UNIQUE,
+        batch bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.dirents(
+        parent bigint NOT NULL,
+        name bytea NOT NULL,
+        child bigint NOT NULL,
+        PRIMARY KEY(parent, name)
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.xattrs(
+        ino bigint NOT NULL,
+        name bytea NOT NULL,
+        value bytea NOT NULL,
+        PRIMARY KEY(ino, name)
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.versions(
+        id bigint PRIMARY KEY,
+        ino bigint NOT NULL,
+        created bigint NOT NULL,
+        size bigint NOT NULL,
+        origin text NOT NULL,
+        device text NOT NULL,
+        chunks bytea NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS versions_by_ino ON ubiquityfs.versions(ino, id);
+    CREATE TABLE IF NOT EXISTS ubiquityfs.containers(
+        identifier text PRIMARY KEY,
+        bundle_identifier text NOT NULL,
+        name text NOT NULL,
+        is_public bigint NOT NULL,
+        folder_levels text NOT NULL,
+        registered_version text NOT NULL,
+        manifest_path text NOT NULL,
+        root_ino bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.blobs(
+        id bigint PRIMARY KEY,
+        written bigint NOT NULL,
+        data bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.writers(
+        writer text PRIMARY KEY,
+        lease_until bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.lock_nodes(
+        node bigint PRIMARY KEY
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.locks(
+        node bigint NOT NULL,
+        writer text NOT NULL,
+        owner bigint NOT NULL,
+        style integer NOT NULL,
+        pid bigint NOT NULL,
+        segments bytea NOT NULL,
+        PRIMARY KEY(node, writer, owner, style)
+    );
+    INSERT INTO ubiquityfs.store(key, value) VALUES
+        ('schema_version', \(postgresSchemaVersion)), ('seq', 0), ('max_ino', 0), ('max_version', 0),
+        ('max_blob', 0), ('trimmed_through', 0)
+        ON CONFLICT (key) DO NOTHING;
+    """
+
+/// What `init-store` and a daemon's start find in the database.
+enum SchemaState: Equatable {
+    case missing
+    case version(Int64)
+}
+
+func schemaState(_ c: PGConnection) throws(StoreError) -> SchemaState {
+    let exists = try c.query("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'ubiquityfs' AND table_name = 'store'")
+    if exists.int(0, 0) == 0 { return .missing }
+    let r = try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'")
+    return r.count == 0 ? .missing : .version(r.int(0, 0))
+}
+
+/// Refuses a schema this binary does not know; brings an older one forward (none yet: version 1
+/// is the first) in one transaction.
+func checkSchema(_ c: PGConnection, url: String, create: Bool) throws(StoreError) {
+    switch try schemaState(c) {
+    case .missing:
+        guard create else {
+            throw StoreError(.notFound, "\(redacted(url)) holds no UbiquityFS store yet: create it with "
+                             + "'ubiquityfs init-store --store \(redacted(url))'")
+        }
+        try c.run("BEGIN", [])
+        do throws(StoreError) {
+            try c.run(postgresSchemaSQL, [])
+            try c.run("COMMIT", [])
+        } catch {
+            c.drop()   // the server rolls back what the dropped connection began
+            throw error
+        }
+    case .version(let v) where v > postgresSchemaVersion:
+        throw StoreError(.corrupt, "\(redacted(url)): the store has schema version \(v), and this ubiquityfs knows "
+                         + "versions 1 to \(postgresSchemaVersion): use a newer ubiquityfs")
+    case .version(let v) where v < 1:
+        throw StoreError(.corrupt, "\(redacted(url)): the store's schema version \(v) is not one ubiquityfs ever wrote")
+    case .version:
+        break   // current; migrations from older versions go here
+    }
+}

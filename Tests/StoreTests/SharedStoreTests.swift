@@ -1,0 +1,244 @@
+import Foundation
+import XCTest
+@testable import UbiquitySharedStore
+@testable import UbiquityStore
+
+/// The server the shared-store tests use: `scripts/services` starts one and exports its URL
+/// (scripts/test runs every test under it).
+func testPostgresURL() throws -> String {
+    guard let url = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_POSTGRES"], !url.isEmpty else {
+        throw StoreError(errno: EINVAL, "UBIQUITYFS_TEST_POSTGRES is not set: run the tests under "
+                         + "'scripts/services run …' (scripts/test does), which starts PostgreSQL and Ceph")
+    }
+    return url
+}
+
+/// The URL of database `name` on the test server.
+func postgresURL(_ base: String, database name: String) -> String {
+    var url = base
+    if let slash = url.range(of: "/", options: .backwards), slash.lowerBound > url.index(url.startIndex, offsetBy: 12) {
+        url = String(url[..<slash.lowerBound])
+    }
+    return url + "/" + name
+}
+
+/// A fresh database per fixture, dropped at the end; this writer's working copies in a temporary
+/// folder.
+final class PostgresFixture: StoreFixture {
+    let url: String
+    let database: String
+    let admin: PGConnection
+    let local: String
+    var isOnDisk: Bool { true }
+
+    init() throws {
+        let base = try testPostgresURL()
+        // Only [a-z0-9_]: a database name cannot be a statement parameter.
+        database = "ubqt_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(20)
+        admin = PGConnection(PGTarget(url: base, timeout: 10))
+        try admin.run("CREATE DATABASE \(database)", [])
+        url = postgresURL(base, database: database)
+        local = FileManager.default.temporaryDirectory.appendingPathComponent("storetests-pg-\(UUID().uuidString)").path
+        _ = try initSharedStore(url: url, chunks: .postgres)
+    }
+
+    func open() throws -> BackingStore {
+        try openSharedStore(url: url, chunks: .postgres, localDirectory: local)
+    }
+
+    func secondWriter() throws -> any MetadataStore { try PostgresMetadataStore(url: url) }
+    func secondLockTable() throws -> any LockTable { try PostgresLockTable(url: url) }
+
+    /// A connection of the test's own to the fixture's database.
+    func connection() -> PGConnection { PGConnection(PGTarget(url: url, timeout: 10)) }
+
+    func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
+        let r = try connection().query("""
+            UPDATE ubiquityfs.blobs SET data = overlay(data PLACING decode('ff', 'hex') FROM 1 FOR 1)
+            WHERE id = $1 AND get_byte(data, 0) <> 255
+            """, [.int(Int64(bitPattern: ref.blob))])
+        if r.affected == 0 {
+            _ = try connection().query("UPDATE ubiquityfs.blobs SET data = overlay(data PLACING decode('00', 'hex') FROM 1 FOR 1) WHERE id = $1",
+                                       [.int(Int64(bitPattern: ref.blob))])
+        }
+    }
+
+    func remove() {
+        try? FileManager.default.removeItem(atPath: local)
+        _ = try? admin.run("DROP DATABASE IF EXISTS \(database) WITH (FORCE)", [])
+    }
+}
+
+/// The shared suite on the shared store (PostgreSQL metadata, locks and chunks), plus what only
+/// it has.
+final class PostgresStoreTests: XCTestCase {
+    private var fixture: PostgresFixture!
+
+    override func setUpWithError() throws {
+        fixture = try PostgresFixture()
+    }
+
+    override func tearDown() {
+        fixture?.remove()
+        fixture = nil
+        super.tearDown()
+    }
+
+    func testCommitLoadRoundTripOfEveryMutation() throws { try StoreSuite.commitLoadRoundTripOfEveryMutation(fixture) }
+    func testFailingMutationLeavesNothing() throws { try StoreSuite.failingMutationLeavesNothing(fixture) }
+    func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
+    func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
+    func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
+    func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
+    func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
+    func testCapacityIsReported() throws { try StoreSuite.capacityIsReported(fixture) }
+    func testBlobWriteReadPartialVerifyDelete() throws { try StoreSuite.blobWriteReadPartialVerifyDelete(fixture) }
+    func testCorruptBlobFailsVerify() throws { try StoreSuite.corruptBlobFailsVerify(fixture) }
+    func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture, count: 100) }
+    func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
+    func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testBlobsListedByAge() throws { try StoreSuite.blobsListedByAge(fixture) }
+    func testReservedIdsNeverClash() throws { try StoreSuite.reservedIdsNeverClash(fixture) }
+    func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
+    func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
+    func testChangeLogResumesWithNoGap() throws { try StoreSuite.changeLogResumesWithNoGap(fixture) }
+    func testTrimmedChangeLogSaysSo() throws { try StoreSuite.trimmedChangeLogSaysSo(fixture) }
+    func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
+    func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
+    func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
+    func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
+    func testPosixLocksConflictAcrossWriters() throws { try StoreSuite.posixLocksConflictAcrossWriters(fixture) }
+    func testFlockLocksConflictAcrossWriters() throws { try StoreSuite.flockLocksConflictAcrossWriters(fixture) }
+
+    // MARK: Shared store only
+
+    /// Two machines committing at once: positions follow commit order (a reader that saw N saw
+    /// every commit before it), and of two batches expecting one free name only one lands.
+    func testConcurrentWritersGetOrderedPositionsAndOneWinsAName() throws {
+        let a = try fixture.secondWriter()
+        let b = try fixture.secondWriter()
+        let reader = try fixture.secondWriter()
+        let seen = LockedBox<[ChangeSeq]>([])
+        let wins = Counter()
+        let stop = LockedBox(false)
+        let readerDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            var last: ChangeSeq = 0
+            while !stop.value {
+                if let records = try? reader.changes(since: last) {
+                    for r in records {
+                        seen.update { $0.append(r.seq) }
+                        last = r.seq
+                    }
+                }
+            }
+            readerDone.signal()
+        }
+        DispatchQueue.concurrentPerform(iterations: 2) { i in
+            let m = i == 0 ? a : b
+            for k in 0..<60 {
+                let name = Array("name-\(k)".utf8)
+                do {
+                    try m.commit(Batch([.putDirent(DirentRecord(parent: 1, name: name, child: UInt64(100 + i)))],
+                                       expecting: [.nameFree(parent: 1, name: name)], writer: "w\(i)"), durable: false)
+                    wins.add()
+                } catch let error as StoreError {
+                    XCTAssertEqual(error.kind, .conflict, "\(error)")
+                } catch {
+                    XCTFail("\(error)")
+                }
+            }
+        }
+        Thread.sleep(forTimeInterval: 0.3)
+        stop.update { $0 = true }
+        readerDone.wait()
+        XCTAssertEqual(wins.count, 60, "each name is taken exactly once")
+        XCTAssertEqual(seen.value, Array(1...60), "the reader saw every position, in order, with no gap")
+        XCTAssertEqual(try reader.load().dirents.count, 60)
+    }
+
+    /// A missing schema is a clear error pointing at init-store; a newer one is refused; a
+    /// second init-store changes nothing.
+    func testSchemaMissingNewerAndInitAgain() throws {
+        let base = try testPostgresURL()
+        let name = "ubqt_empty_" + String(UInt32.random(in: 0...UInt32.max))
+        try fixture.admin.run("CREATE DATABASE \(name)", [])
+        defer { _ = try? fixture.admin.run("DROP DATABASE IF EXISTS \(name) WITH (FORCE)", []) }
+        let empty = postgresURL(base, database: name)
+        let error = assertStoreError(ENOENT) { _ = try PostgresMetadataStore(url: empty) }
+        XCTAssertTrue(error?.message.contains("ubiquityfs init-store --store \(empty)") ?? false, "\(String(describing: error))")
+
+        XCTAssertTrue(try initSharedStore(url: fixture.url, chunks: .postgres).first?.contains("already holds") ?? false)
+        try fixture.connection().query("UPDATE ubiquityfs.store SET value = 99 WHERE key = 'schema_version'")
+        let newer = assertStoreError(EIO) { _ = try PostgresMetadataStore(url: fixture.url) }
+        XCTAssertTrue(newer?.message.contains("schema version 99") ?? false, "\(String(describing: newer))")
+        XCTAssertTrue(newer?.message.contains("use a newer ubiquityfs") ?? false)
+    }
+
+    /// A password never goes on the command line: a URL with one is refused, and so is a password
+    /// file others can read (libpq would silently ignore it).
+    func testPasswordsStayOffTheCommandLine() throws {
+        let withPassword = fixture.url.replacingOccurrences(of: "://ubiquityfs@", with: "://ubiquityfs:secret@")
+        XCTAssertNotEqual(withPassword, fixture.url)
+        let error = assertStoreError(EINVAL) { _ = try PostgresMetadataStore(url: withPassword) }
+        XCTAssertFalse(error?.message.contains("secret") ?? true, "the password is not repeated")
+        let file = fixture.local + "-pgpass"
+        try "127.0.0.1:*:*:ubiquityfs:x\n".write(toFile: file, atomically: false, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        chmod(file, 0o644)
+        let loose = assertStoreError(EACCES) { _ = try PostgresMetadataStore(url: fixture.url + "?passfile=" + file) }
+        XCTAssertTrue(loose?.message.contains("chmod 600 \(file)") ?? false, "\(String(describing: loose))")
+    }
+
+    /// A server that cannot be reached is `unavailable` within the timeout, not a hang.
+    func testAnUnreachableServerFailsWithinTheTimeout() throws {
+        // A port nothing listens on, and an address that drops packets (TEST-NET-1).
+        for url in ["postgres://ubiquityfs@127.0.0.1:9/ubiquityfs", "postgres://ubiquityfs@192.0.2.1:5432/ubiquityfs"] {
+            let start = Date()
+            let error = assertStoreError(EHOSTUNREACH) { _ = try PostgresMetadataStore(url: url, timeout: 2) }
+            XCTAssertEqual(error?.kind, .unavailable)
+            XCTAssertLessThan(Date().timeIntervalSince(start), 10, url)
+        }
+    }
+
+    /// The change feed's wait returns early when another machine commits.
+    func testANotificationWakesTheWaiter() throws {
+        let waiter = try PostgresMetadataStore(url: fixture.url)
+        let writer = try fixture.secondWriter()
+        waiter.waitForChanges(0.05)   // subscribes
+        let woke = LockedBox<Double>(0)
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let start = Date()
+            waiter.waitForChanges(20)
+            woke.update { $0 = Date().timeIntervalSince(start) }
+            done.signal()
+        }
+        Thread.sleep(forTimeInterval: 0.2)
+        try writer.commit([.setMeta(key: "k", value: "v")], durable: false)
+        done.wait()
+        XCTAssertLessThan(woke.value, 10, "woken by the commit, long before the 20 s wait ran out")
+    }
+
+    /// A writer whose lease ran out (a machine that died or lost its link) holds nothing; when it
+    /// comes back it does not get its old locks back.
+    func testLocksOfAWriterWhoseLeaseRanOutCountForNothing() throws {
+        let one = try PostgresLockTable(url: fixture.url)
+        let two = try PostgresLockTable(url: fixture.url)
+        let a = LockOwner(writer: "machine-a", id: 1, style: .posix)
+        let b = LockOwner(writer: "machine-b", id: 1, style: .posix)
+        XCTAssertTrue(try one.set(5, owner: a, mode: .write, range: .wholeFile, pid: 10))
+        XCTAssertFalse(try two.set(5, owner: b, mode: .write, range: .wholeFile, pid: 20))
+        XCTAssertEqual(try two.test(5, owner: b, mode: .read, range: .wholeFile)?.pid, 0, "another machine's holder")
+        try fixture.connection().query("UPDATE ubiquityfs.writers SET lease_until = 0 WHERE writer = 'machine-a'")
+        XCTAssertNil(try two.test(5, owner: b, mode: .write, range: .wholeFile))
+        XCTAssertTrue(try two.set(5, owner: b, mode: .write, range: .wholeFile, pid: 20))
+        // Machine A renews: its old lock is gone, not revived over B's.
+        let c = LockOwner(writer: "machine-a", id: 2, style: .posix)
+        XCTAssertTrue(try one.set(6, owner: c, mode: .read, range: .wholeFile, pid: 10))
+        XCTAssertNotNil(try one.test(5, owner: a, mode: .read, range: .wholeFile), "B holds node 5")
+        let rows = try fixture.connection().query("SELECT count(*) FROM ubiquityfs.locks WHERE node = 5 AND writer = 'machine-a'")
+        XCTAssertEqual(rows.int(0, 0), 0)
+    }
+}
