@@ -119,7 +119,7 @@ func writeOut(_ text: String) {
     _ = line.withCString { write(1, $0, strlen($0)) }
 }
 
-let subcommands: [Subcommand] = [mountCommand, unmountCommand, containersCommand, checkCommand, versionsCommand,
+let subcommands: [Subcommand] = [mountCommand, unmountCommand, initStoreCommand, containersCommand, checkCommand, versionsCommand,
                                  restoreCommand, resolveCommand, trashCommand, statusCommand,
                                  installCommand, uninstallCommand, installServiceCommand, uninstallServiceCommand,
                                  importCommand, exportCommand, completionCommand, manpageCommand]

@@ -41,10 +41,13 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR|URL [--chunks WHERE] [--local DIR]] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
-        ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)"),
+        ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs), or a shared store's postgres:// URL"),
+        ("--chunks=", "shared store: where its chunks live, as init-store set it (postgres)"),
+        ("--local=", "shared store: this machine's folder for it (default $XDG_DATA_HOME/ubiquityfs-shared/…)"),
+        ("--lock-lease=", "shared store: seconds this machine's locks outlast its last word to the server (default 15)"),
         ("--app=", "mount this app's containers whole (app view) instead of the drive view"),
         ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
         ("--foreground", "stay in the foreground and log to stderr too"),
@@ -78,6 +81,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let days = p.value("--keep-deleted-days"), !(Int(days).map { $0 >= 0 && $0 <= 36_500 } ?? false) {
         throw UsageError(message: "--keep-deleted-days needs a whole number of days from 0 to 36500 (0 empties Recently Deleted at each collection)")
+    }
+    if let seconds = p.value("--lock-lease"), !(Int(seconds).map { $0 >= 3 && $0 <= 3600 } ?? false) {
+        throw UsageError(message: "--lock-lease needs a whole number of seconds from 3 to 3600")
     }
     if let seconds = p.value("--cache-seconds"), !(Double(seconds).map { $0 >= 0 && $0 <= 3600 } ?? false) {
         throw UsageError(message: "--cache-seconds needs a number of seconds from 0 to 3600")
@@ -148,20 +154,25 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     // Programs this daemon starts (libfuse's fusermount3, which stays with auto_unmount) must not
     // hold the caller's pipe open: the caller would wait for them.
     if let readyFD { _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC) }
-    let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
     let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
     let tell: (String) -> Void = { line in
         if let readyFD { _ = (line + "\n").withCString { write(readyFD, $0, strlen($0)) } } else { writeError(line) }
     }
+    let storeDir: String
+    do { storeDir = try storeFolder(p) } catch {
+        tell("ubiquityfs mount: \(error)")
+        return ExitCode.failure
+    }
     let store: BackingStore
     var storeNotes: [String] = []
-    do { store = try openEmbeddedStore(directory: storeDir) { storeNotes.append($0) } } catch {
+    let lease = p.value("--lock-lease").flatMap { Int($0) } ?? 15
+    do { store = try openStore(storeDir, lockLease: lease) { storeNotes.append($0) } } catch {
         tell("ubiquityfs mount: cannot open the store: \(error)")
         return ExitCode.failure
     }
     let logger = Logger(path: storeDir + "/ubiquityfs.log", toStderr: readyFD == nil)
     let log: @Sendable (String) -> Void = { logger.write($0) }
-    log("starting: store \(storeDir), apps \(apps), mountpoint \(mountpoint)")
+    log("starting: store \(storeLabel(storeDir)), apps \(apps), mountpoint \(mountpoint)")
     for note in storeNotes { log(note) }
     // From here on, a failure goes to the log as well as to whoever started the mount.
     let report: (String) -> Void = { line in
@@ -211,7 +222,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let session: FuseSession
     let cacheSeconds = p.value("--cache-seconds").flatMap { Double($0) } ?? FuseSession.defaultCacheSeconds
     do {
-        session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, source: "ubiquityfs:" + storeDir,
+        session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, source: "ubiquityfs:" + storeLabel(storeDir),
                                   cacheSeconds: cacheSeconds, log: log)
     } catch {
         report("ubiquityfs mount: \(error)")
@@ -452,14 +463,10 @@ let containersCommand = Subcommand(
     ],
     positionals: 0...0,
     run: { p in
-        let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+        let storeDir = try storeFolder(p)
         let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
-        var previous: [ContainerRecord] = []
-        let db = storeDir + "/metadata.sqlite3"
-        if FileManager.default.fileExists(atPath: db) {
-            // A read-only look at the registry: changes nothing, and works while a daemon serves it.
-            previous = try SQLiteMetadataStore(readOnlyPath: db).containers()
-        }
+        // A read-only look at the registry: changes nothing, and works while a daemon serves it.
+        let previous = try registeredContainers(storeDir)
         let (result, diagnostics, manifests) = registrationsAndManifests(
             apps: apps, previous: previous, applyChanges: p.flags.contains("--apply-manifest-changes"))
         // An app's first declared container is its default (url(forUbiquityContainerIdentifier: nil)).

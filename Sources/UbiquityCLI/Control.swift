@@ -341,12 +341,12 @@ private func sendToDaemon(_ request: ControlRequest, storeDir: String) throws ->
 /// No daemon serves the store: open it here, as a daemon would (recovery included), for this
 /// one request.
 private func runHere(_ request: ControlRequest, storeDir: String) throws -> ControlReply {
-    guard FileManager.default.fileExists(atPath: storeDir + "/metadata.sqlite3") else {
+    guard hasStore(storeDir) else {
         throw UsageError(message: "no store in \(storeDir)")
     }
     let logger = Logger(path: storeDir + "/ubiquityfs.log", toStderr: false)
     let log: @Sendable (String) -> Void = { logger.write("\(request.command): \($0)") }
-    let store = try openEmbeddedStore(directory: storeDir) { log($0) }
+    let store = try openStore(storeDir) { log($0) }
     let fs = try UbiquityFileSystem(store: store, containers: [], view: .drive, log: log)
     var reply = ControlHandler.handle(request, fs: fs, daemon: false)
     for failure in fs.stop() {
@@ -361,12 +361,10 @@ private func runHere(_ request: ControlRequest, storeDir: String) throws -> Cont
 /// The store folder and inode number a command's path names: a path in a mount (the mount
 /// root's `user.ubiquityfs.store` names the store; inode numbers are the store's), or with
 /// `store`, `CONTAINER/PATH` as the drive view shows it.
-func locate(_ path: String, store: String?) throws -> (String, InodeNumber) {
-    if let store {
-        let dir = absolutePath(store)
-        let db = dir + "/metadata.sqlite3"
-        guard FileManager.default.fileExists(atPath: db) else { throw UsageError(message: "no store in \(dir)") }
-        let snapshot = try SQLiteMetadataStore(readOnlyPath: db).load()
+func locate(_ path: String, _ p: Parsed) throws -> (String, InodeNumber) {
+    if p.value("--store") != nil {
+        let dir = try storeFolder(p)
+        let snapshot = try readOnlyMetadata(dir).load()
         return (dir, try resolveDrivePath(path, in: snapshot))
     }
     let full = absolutePath(path)
@@ -375,7 +373,7 @@ func locate(_ path: String, store: String?) throws -> (String, InodeNumber) {
         throw UsageError(message: "\(path): \(String(cString: strerror(errno)))")
     }
     guard let (root, _) = mountRoot(of: full, device: st.st_dev), let dir = storeOfMount(root) else {
-        throw UsageError(message: "\(path) is not in a UbiquityFS mount; name it as CONTAINER/PATH with --store DIR")
+        throw UsageError(message: "\(path) is not in a UbiquityFS mount; name it as CONTAINER/PATH with --store DIR|URL")
     }
     return (dir, InodeNumber(st.st_ino))
 }
@@ -442,7 +440,7 @@ let restoreCommand = Subcommand(
         if let name = p.value("--as"), name.isEmpty || name.contains("/") || name == "." || name == ".." {
             throw UsageError(message: "--as needs a file name (no folder), e.g. \"Report (old).txt\"")
         }
-        let (storeDir, ino) = try locate(p.positionals[0], store: p.value("--store"))
+        let (storeDir, ino) = try locate(p.positionals[0], p)
         return try runControl(ControlRequest(command: "restore", ino: ino, version: id, name: p.value("--as")), storeDir: storeDir)
     })
 
@@ -457,7 +455,7 @@ let resolveCommand = Subcommand(
         guard let keep = p.value("--keep"), keep == "current" || keep == "both" || VersionID(keep) != nil else {
             throw UsageError(message: "--keep needs current, both or a version id")
         }
-        let (storeDir, ino) = try locate(p.positionals[0], store: p.value("--store"))
+        let (storeDir, ino) = try locate(p.positionals[0], p)
         return try runControl(ControlRequest(command: "resolve", ino: ino, keep: keep), storeDir: storeDir)
     })
 
@@ -470,7 +468,7 @@ let trashCommand = Subcommand(
               ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)")],
     positionals: 1...2,
     run: { p in
-        let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+        let storeDir = try storeFolder(p)
         let action = p.positionals[0]
         var request = ControlRequest(command: "trash", action: action)
         let arg = p.positionals.count > 1 ? p.positionals[1] : nil
@@ -503,7 +501,7 @@ let statusCommand = Subcommand(
     options: [("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs)")],
     positionals: 0...1,
     run: { p in
-        var storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
+        var storeDir = try storeFolder(p)
         if let mount = p.positionals.first {
             guard let dir = storeOfMount(absolutePath(mount)) else {
                 throw UsageError(message: "\(mount) is not the root of a UbiquityFS mount")

@@ -69,14 +69,13 @@ private struct Item {
 
 private func transfer(_ p: Parsed, exporting: Bool, local: String, remote: String, removeSource: Bool) throws -> Int32 {
     let verb = exporting ? "export" : "import"
-    let storeDir = absolutePath(p.value("--store") ?? defaultStoreDirectory())
-    let db = storeDir + "/metadata.sqlite3"
-    guard FileManager.default.fileExists(atPath: db) else {
+    let storeDir = try storeFolder(p)
+    guard hasStore(storeDir) else {
         throw UsageError(message: "no store in \(storeDir) (mount it once, or name it with --store)")
     }
     let parts = remote.split(separator: "/").map(String.init)
     guard let name = parts.first else { throw UsageError(message: "name the container as CONTAINER[/PATH], e.g. TestDrive/Imported") }
-    let containers = try SQLiteMetadataStore(readOnlyPath: db).containers()
+    let containers = try registeredContainers(storeDir)
     guard let container = containers.first(where: { $0.name == name || $0.identifier == name }) else {
         throw UsageError(message: "no container named \(name) in the store (see 'ubiquityfs containers')")
     }

@@ -17,12 +17,8 @@ let versionsCommand = Subcommand(
     options: [("--store=", "store folder, to name the file as CONTAINER/PATH without a mount")],
     positionals: 1...1,
     run: { p in
-        let (storeDir, ino) = try locate(p.positionals[0], store: p.value("--store"))
-        let db = storeDir + "/metadata.sqlite3"
-        guard FileManager.default.fileExists(atPath: db) else {
-            throw UsageError(message: "no store in \(storeDir)")
-        }
-        let metadata = try SQLiteMetadataStore(readOnlyPath: db)
+        let (storeDir, ino) = try locate(p.positionals[0], p)
+        let metadata = try readOnlyMetadata(storeDir)
         let snapshot = try metadata.load()
         guard let node = snapshot.nodes.first(where: { $0.ino == ino }) else {
             throw UsageError(message: "\(p.positionals[0]) is not in the store \(storeDir) (deleted meanwhile?)")

@@ -29,6 +29,13 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
     private let url: String
     /// The local folder whose disk `capacity()` reports (working copies and cached chunks).
     private let capacityPath: String
+    // `presenceMutex` guards `present` and `heartbeat`.
+    private let presenceMutex = StoreMutex()
+    /// Writers of this process announced in `presence`, renewed until withdrawn.
+    private var present: Set<String> = []
+    private var heartbeat: Thread?
+    /// How long a daemon counts as running after its last renewal.
+    static let presenceSeconds: Int64 = 60
 
     /// Connects to the store at `url` (a libpq URI without a password). `create`: make the schema
     /// if the database has none (`init-store`); otherwise a missing schema is a clear error.
@@ -427,6 +434,58 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             }
             return out
         }
+    }
+
+    // MARK: Presence
+
+    private static let serverMillis = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+    /// Records `writer` as running, and keeps renewing that while it is.
+    func announce(_ writer: String) throws(StoreError) {
+        try renewPresence(writer)
+        presenceMutex.withLock {
+            present.insert(writer)
+            guard heartbeat == nil else { return }
+            let t = Thread { [weak self] in
+                while true {
+                    Thread.sleep(forTimeInterval: Double(Self.presenceSeconds) / 4)
+                    guard let self else { return }
+                    for w in self.presenceMutex.withLock({ self.present }) { try? self.renewPresence(w) }
+                }
+            }
+            t.name = "presence"
+            heartbeat = t
+            t.start()
+        }
+    }
+
+    private func renewPresence(_ writer: String) throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            _ = try connection.query("""
+                INSERT INTO ubiquityfs.presence(writer, lease_until) VALUES($1, \(Self.serverMillis) + $2)
+                ON CONFLICT (writer) DO UPDATE SET lease_until = EXCLUDED.lease_until
+                """, [.text(writer), .int(Self.presenceSeconds * 1000)])
+        }
+    }
+
+    /// `writer` stopped cleanly.
+    func withdraw(_ writer: String) throws(StoreError) {
+        presenceMutex.withLock { _ = present.remove(writer) }
+        try mutex.withLock { () throws(StoreError) in
+            _ = try connection.query("DELETE FROM ubiquityfs.presence WHERE writer = $1", [.text(writer)])
+        }
+    }
+
+    /// Whether a daemon other than this process's runs on any machine (unknown counts as yes:
+    /// what waits for the others to be gone waits a little longer).
+    func othersPresent() -> Bool {
+        let mine = presenceMutex.withLock { present }
+        let live: [String]? = try? mutex.withLock { () throws(StoreError) -> [String] in
+            let r = try connection.query("SELECT writer FROM ubiquityfs.presence WHERE lease_until > \(Self.serverMillis)")
+            return (0..<r.count).map { r.text($0, 0) }
+        }
+        guard let live else { return true }
+        return live.contains { !mine.contains($0) }
     }
 
     /// Waits on the LISTEN connection. Offline, it waits out the time (the caller's reads fail

@@ -4,10 +4,13 @@
 // PostgreSQL-only feature is LISTEN/NOTIFY, which only wakes other machines early (without it they
 // poll the change log).
 //
-// `store` holds the store's counters: the schema version, the last change-log position (`seq`:
+// `config` holds the store's settings (where its chunks live). `store` holds its counters: the schema version, the last change-log position (`seq`:
 // every commit takes the next one while holding that row, so positions follow commit order and a
 // reader that has seen N has seen every commit before it), the high-water marks of inode, version
-// and blob ids (never reused), and how far the change log was trimmed.
+// and blob ids (never reused), and how far the change log was trimmed. `presence` lists the daemons
+// running on any machine (each renews a lease), so that work which must wait for every other
+// writer to be gone (removing files unlinked while open, freeing chunks at once) knows of the
+// other machines; `writers` holds the leases of lock holders.
 
 import Foundation
 import UbiquityStore
@@ -23,6 +26,10 @@ let postgresSchemaSQL = """
     CREATE TABLE IF NOT EXISTS ubiquityfs.store(
         key text PRIMARY KEY,
         value bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.config(
+        key text PRIMARY KEY,
+        value text NOT NULL
     );
     CREATE TABLE IF NOT EXISTS ubiquityfs.meta(
         key text PRIMARY KEY,
@@ -88,6 +95,10 @@ let postgresSchemaSQL = """
         id bigint PRIMARY KEY,
         written bigint NOT NULL,
         data bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.presence(
+        writer text PRIMARY KEY,
+        lease_until bigint NOT NULL
     );
     CREATE TABLE IF NOT EXISTS ubiquityfs.writers(
         writer text PRIMARY KEY,

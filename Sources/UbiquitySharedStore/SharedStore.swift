@@ -8,10 +8,16 @@ import UbiquityStore
 import Glibc
 #endif
 
-/// Where a shared store keeps its content chunks.
-public enum ChunkLocation: Sendable, Equatable {
+/// Where a shared store keeps its content chunks: chosen at `init-store`, recorded in the store.
+public enum ChunkLocation: Sendable, Equatable, CustomStringConvertible {
     /// In the metadata database (`ubiquityfs.blobs`).
     case postgres
+
+    public var description: String {
+        switch self {
+        case .postgres: return "postgres"
+        }
+    }
 }
 
 /// Whether `location` names a shared store (a PostgreSQL URL) rather than a folder.
@@ -19,52 +25,101 @@ public func isSharedStoreURL(_ location: String) -> Bool {
     location.hasPrefix("postgres://") || location.hasPrefix("postgresql://")
 }
 
-/// Parses `--chunks`: `postgres` (the default).
-public func parseChunkLocation(_ text: String?) throws(StoreError) -> ChunkLocation {
+/// Checks a shared store's URL before it is used: no password in it, a private password file.
+public func checkSharedStoreURL(_ url: String) throws(StoreError) {
+    try checkPostgresURL(url)
+}
+
+/// Parses `--chunks`: `postgres`.
+public func parseChunkLocation(_ text: String) throws(StoreError) -> ChunkLocation {
     switch text {
-    case nil, "postgres", "postgresql": return .postgres
-    case let other?:
-        throw StoreError(errno: EINVAL, "--chunks takes 'postgres', not '\(other)'")
+    case "postgres", "postgresql": return .postgres
+    default:
+        throw StoreError(errno: EINVAL, "--chunks takes 'postgres', not '\(text)'")
     }
 }
 
 /// A shared store's commits and chunk writes are durable when they return (the server's commit,
 /// the object store's PUT), so there is nothing to sync and nothing to repair after a power cut
 /// of this machine; its working copies are recovered by the model, as the embedded store's are.
+/// `begin` and `end` record the writer's presence, for the other machines.
 final class SharedDurability: Durability, @unchecked Sendable {
-    func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String] { [] }
+    private let metadata: PostgresMetadataStore
+    init(metadata: PostgresMetadataStore) { self.metadata = metadata }
+    func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String] {
+        try metadata.announce(writer)
+        return []
+    }
     func sync() throws(StoreError) {}
     func syncMetadata() throws(StoreError) {}
-    func end(writer: String) throws(StoreError) {}
+    func end(writer: String) throws(StoreError) { try metadata.withdraw(writer) }
 }
 
-/// Creates the schema (and what the chunk location needs) if missing; refuses a newer schema.
-/// Returns what it did, for the user.
+/// This machine's working copies, in a local folder; other writers are alive when another daemon
+/// here uses the folder or one runs on any machine of the store.
+final class SharedWorkArea: WorkArea, @unchecked Sendable {
+    let local: LocalWorkArea
+    private let metadata: PostgresMetadataStore
+    init(local: LocalWorkArea, metadata: PostgresMetadataStore) {
+        self.local = local
+        self.metadata = metadata
+    }
+    func create(ino: InodeNumber) throws(StoreError) -> any WorkFile { try local.create(ino: ino) }
+    var bootID: String { local.bootID }
+    func otherWritersAlive() -> Bool { local.otherWritersAlive() || metadata.othersPresent() }
+    func leftovers() throws(StoreError) -> [RecoveredWork] { try local.leftovers() }
+    func recoveryFinished() { local.recoveryFinished() }
+}
+
+/// Creates the schema (and what the chunk location needs) if missing, recording where chunks
+/// live; refuses a newer schema, and a chunk location other than the recorded one. Returns what
+/// it did, for the user.
 public func initSharedStore(url: String, chunks: ChunkLocation, timeout: Double = 10) throws(StoreError) -> [String] {
     try checkPostgresURL(url)
     let c = PGConnection(PGTarget(url: url, timeout: timeout))
     let before = try schemaState(c)
     try checkSchema(c, url: url, create: true)
-    var done: [String] = []
-    switch before {
-    case .missing: done.append("created the UbiquityFS schema (version \(postgresSchemaVersion)) in \(redacted(url))")
-    case .version(let v): done.append("\(redacted(url)) already holds a UbiquityFS store (schema version \(v))")
+    _ = try c.query("INSERT INTO ubiquityfs.config(key, value) VALUES('chunks', $1) ON CONFLICT (key) DO NOTHING",
+                    [.text(chunks.description)])
+    let recorded = try recordedChunks(c, url: url)
+    if recorded != chunks {
+        throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded), not \(chunks)")
     }
-    return done
+    switch before {
+    case .missing:
+        return ["created a UbiquityFS store (schema version \(postgresSchemaVersion)) in \(redacted(url)), chunks in \(chunks)"]
+    case .version(let v):
+        return ["\(redacted(url)) already holds a UbiquityFS store (schema version \(v)), chunks in \(chunks)"]
+    }
+}
+
+/// Where the store at `url` keeps its chunks, as `init-store` recorded it.
+func recordedChunks(_ c: PGConnection, url: String) throws(StoreError) -> ChunkLocation {
+    let r = try c.query("SELECT value FROM ubiquityfs.config WHERE key = 'chunks'")
+    guard r.count == 1 else { throw StoreError(.corrupt, "\(redacted(url)): the store does not say where its chunks are") }
+    do { return try parseChunkLocation(r.text(0, 0)) } catch {
+        throw StoreError(.corrupt, "\(redacted(url)): the store keeps its chunks in \(r.text(0, 0)), which this ubiquityfs cannot reach")
+    }
 }
 
 /// Opens the shared store at `url`, with this machine's working copies in `localDirectory`
-/// (made `0700`).
-public func openSharedStore(url: String, chunks: ChunkLocation, localDirectory: String, timeout: Double = 10,
-                            log: (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
+/// (made `0700`). `chunks`, when given, must be where the store keeps them. `lockLease`: how long
+/// this machine's locks outlast its last word to the server (it dies, or its link is cut).
+public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDirectory: String, timeout: Double = 10,
+                            lockLease: Int = 15, log: (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     try makeDirectories(localDirectory, mode: 0o700)
     try tightenPermissions(of: localDirectory, log: log)
     let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory)
+    let recorded = try recordedChunks(PGConnection(PGTarget(url: url, timeout: timeout)), url: url)
+    if let chunks, chunks != recorded {
+        throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
+    }
     let blobs: any BlobStore
-    switch chunks {
+    switch recorded {
     case .postgres: blobs = try PostgresBlobStore(url: url, timeout: timeout)
     }
-    let work = try LocalWorkArea(directory: localDirectory)
-    let locks = try PostgresLockTable(url: url, timeout: timeout)
-    return BackingStore(metadata: metadata, blobs: blobs, work: work, locks: locks, durability: SharedDurability())
+    let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
+    let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease)
+    return BackingStore(metadata: metadata, blobs: blobs, work: work, locks: locks,
+                        durability: SharedDurability(metadata: metadata))
 }

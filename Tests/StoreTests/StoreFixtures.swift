@@ -1,6 +1,7 @@
 import Foundation
 import XCTest
 @testable import UbiquityStore
+@testable import UbiquitySharedStore
 
 /// One kind of backing store under test. `open()` opens it (again): for the embedded store a
 /// fresh open of the same folder (the caller must have dropped the previous objects), for the
@@ -179,6 +180,7 @@ final class LockedBox<T>: @unchecked Sendable {
 /// The working copies a live work area holds (not leftovers: those are a gone writer's).
 func workingCopies(_ work: any WorkArea) throws -> [RecoveredWork] {
     if let local = work as? LocalWorkArea { return try local.ownCopies() }
+    if let shared = work as? SharedWorkArea { return try shared.local.ownCopies() }
     return try work.leftovers()
 }
 

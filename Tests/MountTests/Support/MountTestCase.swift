@@ -123,7 +123,8 @@ class MountTestCase: XCTestCase {
             }
         }
         var pids = daemonPIDs
-        for dir in [workDir + "/store", defaultStoreDir] {
+        let folders = ((try? FileManager.default.contentsOfDirectory(atPath: workDir)) ?? []).map { workDir + "/" + $0 }
+        for dir in folders + [defaultStoreDir] {
             if let pid = readDaemonPID(storeDir: dir) { pids.insert(pid) }
         }
         for pid in pids where isOurDaemon(pid) {
@@ -207,10 +208,14 @@ class MountTestCase: XCTestCase {
         Command.run([Self.binary] + arguments, timeout: timeout, environment: environment)
     }
 
+    /// How a mount at `mnt` names its store (a shared store's tests give each mount its own
+    /// local folder, as two machines have).
+    func storeArguments(at mnt: String) -> [String] { ["--store", storeDir] }
+
     /// The arguments of `ubiquityfs mount`; with `defaultLocations`, no --apps and no --store.
     func mountArguments(app: String? = nil, options: String? = nil, extra: [String] = [],
                         at mnt: String? = nil, defaultLocations: Bool = false) -> [String] {
-        var args = defaultLocations ? ["mount"] : ["mount", "--apps", appsDir, "--store", storeDir]
+        var args = defaultLocations ? ["mount"] : ["mount", "--apps", appsDir] + storeArguments(at: mnt ?? mountPoint)
         if let app { args += ["--app", app] }
         if let options { args += ["-o", options] }
         return args + extra + [mnt ?? mountPoint]
@@ -249,7 +254,7 @@ class MountTestCase: XCTestCase {
     /// `ubiquityfs unmount`, then checks that the mount is gone and the daemon has exited.
     func unmount(at mnt: String? = nil, file: StaticString = #filePath, line: UInt = #line) throws {
         let target = mnt ?? mountPoint
-        let pid = readDaemonPID()
+        let pid = (try? Posix.getxattr(target, "user.ubiquityfs.daemon-pid").get()).flatMap { pid_t($0) } ?? readDaemonPID()
         let result = ubiquityfs(["unmount", target], timeout: 90)
         guard result.succeeded else {
             let message = "unmount failed: \(result)"

@@ -1,0 +1,183 @@
+// Two machines on one shared store (PostgreSQL): two mounts with local folders of their own, so
+// nothing passes between them but the server. Changes, content, versions, locks and a killed
+// machine, as a user of each would see them.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class SharedStoreMountTests: SharedStoreTestCase {
+    private var second: String { workDir + "/mnt2" }
+
+    private func mountBoth(extra: [String] = []) throws {
+        try mount(extra: TwoMountsTests.longCache + extra)
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache + extra, at: second)
+    }
+
+    func testEveryKindOfChangeShowsOnTheOtherMachine() throws {
+        try mountBoth()
+        let a = docs("SugoiApp"), b = second + "/SugoiApp"
+        XCTAssertEqual(ls(b), [])
+        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "from A\n"), 0)
+        eventually("a new file") { Posix.readText(b + "/Report.txt") == "from A\n" }
+        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "changed on A\n"), 0)
+        eventually("new content") { Posix.readText(b + "/Report.txt") == "changed on A\n" }
+        assertSucceeds("mkdir") { mkdir(a + "/Drafts", 0o755) }
+        eventually("a folder") { Posix.isDirectory(b + "/Drafts") }
+        assertSucceeds("rename") { rename(a + "/Report.txt", a + "/Drafts/Final.txt") }
+        eventually("a rename") { !Posix.exists(b + "/Report.txt") && Posix.readText(b + "/Drafts/Final.txt") == "changed on A\n" }
+        assertSucceeds("chmod") { chmod(a + "/Drafts/Final.txt", 0o600) }
+        eventually("a chmod") { Posix.stat(b + "/Drafts/Final.txt").map { $0.st_mode & 0o777 } == 0o600 }
+        assertSucceeds("setxattr") { Posix.setxattr(a + "/Drafts/Final.txt", "user.tag", "blue") }
+        eventually("an xattr") { (try? Posix.getxattr(b + "/Drafts/Final.txt", "user.tag").get()) == "blue" }
+        assertSucceeds("symlink") { symlink("Drafts/Final.txt", a + "/link") }
+        eventually("a symlink") { Posix.readlink(b + "/link") == "Drafts/Final.txt" }
+        assertSucceeds("unlink") { unlink(a + "/Drafts/Final.txt") }
+        eventually("a delete") { !Posix.exists(b + "/Drafts/Final.txt") && ls(b + "/Drafts") == [] }
+        XCTAssertEqual(Posix.writeFile(b + "/Drafts/fromB.txt", "from B\n"), 0)
+        eventually("B's file on A") { Posix.readText(a + "/Drafts/fromB.txt") == "from B\n" }
+        assertSucceeds("rmdir on B") { unlink(b + "/Drafts/fromB.txt") == 0 ? rmdir(b + "/Drafts") : -1 }
+        eventually("B's rmdir on A") { !Posix.exists(a + "/Drafts") }
+        // Deleted items are in Recently Deleted, for both machines.
+        let trash = ubiquityfs(["trash", "list", "--store", storeURL])
+        XCTAssertTrue(trash.succeeded, "\(trash)")
+        XCTAssertTrue(trash.stdout.contains("Final.txt"), trash.stdout)
+        try unmount(at: second)
+        try unmount()
+    }
+
+    /// Content goes through the server whole: a large random file written on A reads back the
+    /// same on B; B's edit is a new version, listed from either machine and by the store's URL;
+    /// an older version restored on B is A's content again.
+    func testContentAndVersionsAcrossMachines() throws {
+        try mountBoth()
+        let a = docs("TestDrive") + "/photo.raw", b = second + "/TestDrive/photo.raw"
+        assertShell("head -c 5000000 /dev/urandom > \(shellQuote(scratchDir + "/photo.raw")) && cp \(shellQuote(scratchDir + "/photo.raw")) \(shellQuote(a))")
+        eventually("the whole file on B") { Posix.stat(b)?.st_size == 5_000_000 }
+        assertShell("cmp \(shellQuote(scratchDir + "/photo.raw")) \(shellQuote(b))")
+        let fd = Posix.open(b, O_WRONLY)
+        XCTAssertEqual(Posix.pwrite(fd, Array("edited on B".utf8), at: 1_234_567), 11)
+        XCTAssertEqual(fsync(fd), 0)
+        close(fd)
+        eventually("B's edit on A") { Posix.readFile(a).map { Array($0[1_234_567..<1_234_578]) } == Array("edited on B".utf8) }
+        let fromA = ubiquityfs(["versions", a])
+        let byURL = ubiquityfs(["versions", "--store", storeURL, "TestDrive/photo.raw"])
+        XCTAssertTrue(fromA.succeeded && byURL.succeeded, "\(fromA)\n\(byURL)")
+        XCTAssertEqual(fromA.stdout, byURL.stdout)
+        let ids = fromA.stdout.split(separator: "\n").dropFirst().compactMap { $0.split(separator: " ").first.map(String.init) }
+        XCTAssertEqual(ids.count, 2, fromA.stdout)
+        guard let first = ids.first else { return }
+        let restored = ubiquityfs(["restore", b, "--version", first])
+        XCTAssertTrue(restored.succeeded, "\(restored)")
+        eventually("A's content again on A") { Posix.readFile(a) == Posix.readFile(scratchDir + "/photo.raw") }
+        assertShell("cmp \(shellQuote(scratchDir + "/photo.raw")) \(shellQuote(b))")
+        try unmount(at: second)
+        try unmount()
+    }
+
+    /// flock and fcntl locks hold between machines through the server; a killed machine's locks
+    /// go when its lease runs out.
+    func testLocksHoldAcrossMachines() throws {
+        try mountBoth(extra: ["--lock-lease", "3"])
+        let a = docs("SugoiApp") + "/shared.db", b = second + "/SugoiApp/shared.db"
+        guard let text = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pidB = pid_t(text) else {
+            throw FixtureError("no daemon pid on the second mount")
+        }
+        let r = assertShell("python3 -c \(shellQuote(TwoMountsTests.lockScript)) \(shellQuote(a)) \(shellQuote(b)) \(pidB) 10",
+                            timeout: 90)
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), [
+            "holder on B: held",
+            "probe on A: flock busy, lockf busy, getlk write 0+10 pid 0",
+            "probe on B: flock busy, lockf busy, getlk write 0+10 pid holder",
+            "lockf waiter on A before the unlock: waiting",
+            "holder on B: unlocked",
+            "lockf waiter on A: taken within 5 s",
+            "flock waiter on A, signalled: interrupted",
+            "flock waiter on A when B's daemon dies: taken in time",
+        ], r.stderr)
+        XCTAssertTrue(waitForExit(pidB, seconds: 10))
+        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
+            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
+        }
+        try unmount()
+    }
+
+    /// A machine killed while writing loses nothing it wrote: the other goes on serving, and the
+    /// killed one, mounted again, publishes what it had not (its working copies are on its own
+    /// disk, so only it can).
+    func testAKilledMachineLosesNothingItWrote() throws {
+        try mountBoth()
+        let a = docs("Notes"), b = second + "/Notes"
+        guard let text = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(text) else {
+            throw FixtureError("no daemon pid on the second mount")
+        }
+        let fd = Posix.open(b + "/open.txt", O_WRONLY | O_CREAT, 0o644)
+        XCTAssertEqual(Posix.write(fd, "unsaved but written"), 19)
+        XCTAssertEqual(Posix.writeFile(b + "/closed.txt", "saved a moment ago\n"), 0)
+        kill(pid, SIGKILL)
+        XCTAssertTrue(waitForExit(pid, seconds: 10))
+        close(fd)
+        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
+            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
+        }
+        XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A goes on\n"), 0)
+        XCTAssertEqual(Posix.readText(a + "/after.txt"), "A goes on\n")
+        try mount(extra: TwoMountsTests.longCache, at: second)
+        eventually("B's closed file, published by B's next start, on A") { Posix.readText(a + "/closed.txt") == "saved a moment ago\n" }
+        // The file open at the kill is kept as a recovered version beside the current one.
+        eventually("B's open file on A") { Posix.exists(a + "/open.txt") }
+        let versions = ubiquityfs(["versions", a + "/open.txt"])
+        XCTAssertTrue(versions.stdout.contains("recovered"), "\(versions)")
+        XCTAssertEqual(Posix.readText(b + "/after.txt"), "A goes on\n")
+        try unmount(at: second)
+        try unmount()
+    }
+
+    /// What goes wrong with the store's address is said clearly, and a password never goes on a
+    /// command line.
+    func testBadStoreAddressesAreClearErrors() throws {
+        let withPassword = storeURL.replacingOccurrences(of: "://ubiquityfs@", with: "://ubiquityfs:hunter2@")
+        var r = ubiquityfs(["mount", "--apps", appsDir, "--store", withPassword, "--local", storeDir, mountPoint])
+        XCTAssertFalse(r.succeeded)
+        XCTAssertTrue(r.stderr.contains("holds a password"), r.stderr)
+        XCTAssertFalse(r.stderr.contains("hunter2"), r.stderr)
+        XCTAssertFalse(isMounted(mountPoint))
+
+        let empty = database + "_none"
+        XCTAssertTrue(psql("CREATE DATABASE \(empty)").succeeded)
+        defer { _ = psql("DROP DATABASE IF EXISTS \(empty) WITH (FORCE)") }
+        r = ubiquityfs(["mount", "--apps", appsDir, "--store", storeURL + "_none", "--local", storeDir + "-none", mountPoint])
+        XCTAssertFalse(r.succeeded)
+        XCTAssertTrue(r.stderr.contains("holds no UbiquityFS store yet") && r.stderr.contains("ubiquityfs init-store --store"), r.stderr)
+
+        r = ubiquityfs(["mount", "--apps", appsDir, "--store", storeURL, "--chunks", "tape", "--local", storeDir, mountPoint])
+        XCTAssertFalse(r.succeeded)
+        XCTAssertTrue(r.stderr.contains("--chunks takes"), r.stderr)
+
+        XCTAssertTrue(psql("UPDATE ubiquityfs.store SET value = 7 WHERE key = 'schema_version'", database: database).succeeded)
+        r = ubiquityfs(["mount", "--apps", appsDir, "--store", storeURL, "--local", storeDir, mountPoint])
+        XCTAssertFalse(r.succeeded)
+        XCTAssertTrue(r.stderr.contains("schema version 7") && r.stderr.contains("newer ubiquityfs"), r.stderr)
+        XCTAssertFalse(isMounted(mountPoint))
+        XCTAssertTrue(ubiquityfs(["init-store", "--store", storeURL]).stderr.contains("schema version 7"))
+    }
+
+    /// The commands that take --store work with the URL too, mounted or not.
+    func testCommandsByURL() throws {
+        try mount()
+        XCTAssertEqual(Posix.writeFile(docs("TestDrive") + "/a.txt", "one\n"), 0)
+        let containers = ubiquityfs(["containers", "--apps", appsDir, "--store", storeURL])
+        XCTAssertTrue(containers.succeeded && containers.stdout.contains("iCloud.com.example.TestDrive"), "\(containers)")
+        let status = ubiquityfs(["status", mountPoint])
+        XCTAssertTrue(status.succeeded && status.stdout.contains("pending publishes: none"), "\(status)")
+        let source = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8))?.split(separator: "\n")
+            .first { $0.contains(" \(mountPoint) ") }.map(String.init) ?? ""
+        XCTAssertTrue(source.hasPrefix("ubiquityfs:" + storeURL + " "), source)
+        try unmount()
+        let versions = ubiquityfs(["versions", "--store", storeURL, "TestDrive/a.txt"])
+        XCTAssertTrue(versions.succeeded && versions.stdout.contains("yes"), "\(versions)")
+        let deleted = ubiquityfs(["trash", "list", "--store", storeURL])
+        XCTAssertTrue(deleted.succeeded, "\(deleted)")
+    }
+}
