@@ -17,6 +17,10 @@ let package = Package(
         // libpq, PostgreSQL's client library. Only UbiquitySharedStore imports it.
         .systemLibrary(name: "CPostgres", pkgConfig: "libpq",
                        providers: [.apt(["libpq-dev"])]),
+        // libcurl, for S3-compatible object stores (it signs requests with AWS SigV4). Only
+        // UbiquitySharedStore imports it.
+        .systemLibrary(name: "CCurl", pkgConfig: "libcurl",
+                       providers: [.apt(["libcurl4-openssl-dev"])]),
         // App manifests (Info.plist): parsing, validation, the CFBundleVersion registration rule.
         .target(name: "UbiquityManifests"),
         // The backing-store protocol and its embedded (SQLite + chunk files), in-memory and
@@ -24,7 +28,7 @@ let package = Package(
         .target(name: "UbiquityStore", dependencies: ["CSQLite"]),
         // The shared store: metadata, change feed and locks on PostgreSQL, chunks in PostgreSQL
         // or an S3-compatible object store, this machine's working copies in a local folder.
-        .target(name: "UbiquitySharedStore", dependencies: ["CPostgres", "UbiquityStore"]),
+        .target(name: "UbiquitySharedStore", dependencies: ["CPostgres", "CCurl", "UbiquityStore"]),
         // The filesystem model: namespace, views, document coordination. Knows nothing of FUSE.
         .target(name: "UbiquityFileSystem", dependencies: ["UbiquityStore"]),
         // The thin adapter from libfuse3's low-level API to the model.

@@ -12,10 +12,13 @@ import Glibc
 public enum ChunkLocation: Sendable, Equatable, CustomStringConvertible {
     /// In the metadata database (`ubiquityfs.blobs`).
     case postgres
+    /// In a bucket of an S3-compatible object store.
+    case s3(S3Location)
 
     public var description: String {
         switch self {
         case .postgres: return "postgres"
+        case .s3(let location): return location.description
         }
     }
 }
@@ -30,13 +33,11 @@ public func checkSharedStoreURL(_ url: String) throws(StoreError) {
     try checkPostgresURL(url)
 }
 
-/// Parses `--chunks`: `postgres`.
+/// Parses `--chunks`: `postgres`, or `s3://BUCKET?endpoint=URL[&region=R][&prefix=P]`.
 public func parseChunkLocation(_ text: String) throws(StoreError) -> ChunkLocation {
-    switch text {
-    case "postgres", "postgresql": return .postgres
-    default:
-        throw StoreError(errno: EINVAL, "--chunks takes 'postgres', not '\(text)'")
-    }
+    if text == "postgres" || text == "postgresql" { return .postgres }
+    if let s3 = try S3Location.parse(text) { return .s3(s3) }
+    throw StoreError(errno: EINVAL, "--chunks takes 'postgres' or s3://BUCKET?endpoint=URL, not '\(text)'")
 }
 
 /// A shared store's commits and chunk writes are durable when they return (the server's commit,
@@ -85,12 +86,19 @@ public func initSharedStore(url: String, chunks: ChunkLocation, timeout: Double 
     if recorded != chunks {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded), not \(chunks)")
     }
+    var done: [String] = []
+    if case .s3(let location) = chunks {
+        let created = try S3Client(location, timeout: timeout).createBucket()
+        done.append(created ? "created the bucket \(location.bucket) at \(location.endpoint)"
+                            : "the bucket \(location.bucket) at \(location.endpoint) is there already")
+    }
     switch before {
     case .missing:
-        return ["created a UbiquityFS store (schema version \(postgresSchemaVersion)) in \(redacted(url)), chunks in \(chunks)"]
+        done.insert("created a UbiquityFS store (schema version \(postgresSchemaVersion)) in \(redacted(url)), chunks in \(chunks)", at: 0)
     case .version(let v):
-        return ["\(redacted(url)) already holds a UbiquityFS store (schema version \(v)), chunks in \(chunks)"]
+        done.insert("\(redacted(url)) already holds a UbiquityFS store (schema version \(v)), chunks in \(chunks)", at: 0)
     }
+    return done
 }
 
 /// Where the store at `url` keeps its chunks, as `init-store` recorded it.
@@ -117,6 +125,9 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     let blobs: any BlobStore
     switch recorded {
     case .postgres: blobs = try PostgresBlobStore(url: url, timeout: timeout)
+    case .s3(let location):
+        blobs = try S3BlobStore(location, timeout: timeout,
+                                ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) })
     }
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
     let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease)

@@ -22,16 +22,25 @@ func postgresURL(_ base: String, database name: String) -> String {
     return url + "/" + name
 }
 
-/// A fresh database per fixture, dropped at the end; this writer's working copies in a temporary
-/// folder.
+/// The test object store's endpoint (scripts/services starts Ceph's RGW).
+func testS3Endpoint() throws -> String {
+    guard let endpoint = ProcessInfo.processInfo.environment["S3_ENDPOINT"], !endpoint.isEmpty else {
+        throw StoreError(errno: EINVAL, "S3_ENDPOINT is not set: run the tests under 'scripts/services run …' (scripts/test does)")
+    }
+    return endpoint
+}
+
+/// A fresh database per fixture, dropped at the end, with chunks in it or in a fresh bucket;
+/// this writer's working copies in a temporary folder.
 final class PostgresFixture: StoreFixture {
     let url: String
     let database: String
     let admin: PGConnection
     let local: String
+    let chunks: ChunkLocation
     var isOnDisk: Bool { true }
 
-    init() throws {
+    init(s3: Bool = false) throws {
         let base = try testPostgresURL()
         // Only [a-z0-9_]: a database name cannot be a statement parameter.
         database = "ubqt_" + UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: "").prefix(20)
@@ -39,11 +48,17 @@ final class PostgresFixture: StoreFixture {
         try admin.run("CREATE DATABASE \(database)", [])
         url = postgresURL(base, database: database)
         local = FileManager.default.temporaryDirectory.appendingPathComponent("storetests-pg-\(UUID().uuidString)").path
-        _ = try initSharedStore(url: url, chunks: .postgres)
+        if s3 {
+            let bucket = "ubqt-" + database.dropFirst(5).prefix(16)
+            chunks = try parseChunkLocation("s3://\(bucket)?endpoint=\(try testS3Endpoint())")
+        } else {
+            chunks = .postgres
+        }
+        _ = try initSharedStore(url: url, chunks: chunks)
     }
 
     func open() throws -> BackingStore {
-        try openSharedStore(url: url, chunks: .postgres, localDirectory: local)
+        try openSharedStore(url: url, chunks: chunks, localDirectory: local)
     }
 
     func secondWriter() throws -> any MetadataStore { try PostgresMetadataStore(url: url) }
@@ -53,6 +68,17 @@ final class PostgresFixture: StoreFixture {
     func connection() -> PGConnection { PGConnection(PGTarget(url: url, timeout: 10)) }
 
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
+        if let s3 = store.blobs as? S3BlobStore {
+            var bytes = try readBlob(s3, ref.blob, count: Int(ref.length))
+            bytes[0] ^= 0xff
+            var body: [UInt8] = []
+            var n = 0
+            let status = try bytes.withUnsafeBytes { (b) throws -> Int in
+                try s3.client.perform("PUT", s3.client.url(s3.key(ref.blob)), body: b, collected: &body, received: &n)
+            }
+            XCTAssertEqual(status, 200)
+            return
+        }
         let r = try connection().query("""
             UPDATE ubiquityfs.blobs SET data = overlay(data PLACING decode('ff', 'hex') FROM 1 FOR 1)
             WHERE id = $1 AND get_byte(data, 0) <> 255
@@ -65,6 +91,13 @@ final class PostgresFixture: StoreFixture {
 
     func remove() {
         try? FileManager.default.removeItem(atPath: local)
+        if case .s3(let location) = chunks, let client = try? S3Client(location, timeout: 10),
+           let blobs = try? S3BlobStore(location, timeout: 10, ids: BlobIDs { _ in 1...1 }) {
+            for id in (try? blobs.allBlobs()) ?? [] { try? blobs.delete(id) }
+            var body: [UInt8] = []
+            var n = 0
+            _ = try? client.perform("DELETE", client.url(nil), collected: &body, received: &n)
+        }
         _ = try? admin.run("DROP DATABASE IF EXISTS \(database) WITH (FORCE)", [])
     }
 }
@@ -240,5 +273,69 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertNotNil(try one.test(5, owner: a, mode: .read, range: .wholeFile), "B holds node 5")
         let rows = try fixture.connection().query("SELECT count(*) FROM ubiquityfs.locks WHERE node = 5 AND writer = 'machine-a'")
         XCTAssertEqual(rows.int(0, 0), 0)
+    }
+}
+
+/// The shared suite with chunks in an S3-compatible object store (Ceph's RGW), plus what only it
+/// has.
+final class S3StoreTests: XCTestCase {
+    private var fixture: PostgresFixture!
+
+    override func setUpWithError() throws {
+        fixture = try PostgresFixture(s3: true)
+    }
+
+    override func tearDown() {
+        fixture?.remove()
+        fixture = nil
+        super.tearDown()
+    }
+
+    func testCommitLoadRoundTripOfEveryMutation() throws { try StoreSuite.commitLoadRoundTripOfEveryMutation(fixture) }
+    func testFailingMutationLeavesNothing() throws { try StoreSuite.failingMutationLeavesNothing(fixture) }
+    func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
+    func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
+    func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
+    func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
+    func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
+    func testCapacityIsReported() throws { try StoreSuite.capacityIsReported(fixture) }
+    func testBlobWriteReadPartialVerifyDelete() throws { try StoreSuite.blobWriteReadPartialVerifyDelete(fixture) }
+    func testCorruptBlobFailsVerify() throws { try StoreSuite.corruptBlobFailsVerify(fixture) }
+    func testConcurrentReadsOfManyBlobs() throws { try StoreSuite.concurrentReadsOfManyBlobs(fixture, count: 40, readsPerThread: 40) }
+    func testWorkFileReadWriteTruncateMark() throws { try StoreSuite.workFileReadWriteTruncateMark(fixture) }
+    func testLeftoversAfterCrash() throws { try StoreSuite.leftoversAfterCrash(fixture) }
+    func testBlobsListedByAge() throws { try StoreSuite.blobsListedByAge(fixture) }
+    func testReservedIdsNeverClash() throws { try StoreSuite.reservedIdsNeverClash(fixture) }
+    func testFirstReservedInodeIsTwo() throws { try StoreSuite.firstReservedInodeIsTwo(fixture) }
+    func testConflictingBatchFailsWhole() throws { try StoreSuite.conflictingBatchFailsWhole(fixture) }
+    func testChangeLogResumesWithNoGap() throws { try StoreSuite.changeLogResumesWithNoGap(fixture) }
+    func testTrimmedChangeLogSaysSo() throws { try StoreSuite.trimmedChangeLogSaysSo(fixture) }
+    func testFinishedMarkSurvivesACrash() throws { try StoreSuite.finishedMarkSurvivesACrash(fixture) }
+    func testCreateReplacesAndStaleRemoveIsHarmless() throws { try StoreSuite.createReplacesAndStaleRemoveIsHarmless(fixture) }
+    func testFaultPlanTriggers() throws { try StoreSuite.faultPlanTriggers(fixture) }
+    func testFailedBlobWriteStoresNothing() throws { try StoreSuite.failedBlobWriteStoresNothing(fixture) }
+    func testPosixLocksConflictAcrossWriters() throws { try StoreSuite.posixLocksConflictAcrossWriters(fixture) }
+    func testFlockLocksConflictAcrossWriters() throws { try StoreSuite.flockLocksConflictAcrossWriters(fixture) }
+
+    /// Chunk locations are checked when given, and a second init-store finds the bucket.
+    func testChunkLocationsAreCheckedAndTheBucketIsKept() throws {
+        for bad in ["s3://ab?endpoint=http://x", "s3://Upper?endpoint=http://x", "s3://bucket?endpoint=ftp://x",
+                    "s3://bucket?colour=red", "tape"] {
+            assertStoreError(EINVAL) { _ = try parseChunkLocation(bad) }
+        }
+        let again = try initSharedStore(url: fixture.url, chunks: fixture.chunks)
+        XCTAssertTrue(again.contains { $0.contains("is there already") }, "\(again)")
+        assertStoreError(EINVAL) { _ = try initSharedStore(url: fixture.url, chunks: .postgres) }
+        assertStoreError(EINVAL) { _ = try openSharedStore(url: fixture.url, chunks: .postgres, localDirectory: fixture.local) }
+    }
+
+    /// Many chunks list in pages, and each is read back.
+    func testManyChunksListAcrossPages() throws {
+        let blobs = try fixture.open().blobs
+        var refs: [ChunkRef] = []
+        for i in 0..<1_100 { refs.append(try writeBlob(blobs, [UInt8(i & 0xff), UInt8(i >> 8)])) }
+        XCTAssertEqual(Set(try blobs.allBlobs()), Set(refs.map(\.blob)))
+        XCTAssertEqual(try readBlob(blobs, refs[1_099].blob, count: 2), [UInt8(1_099 & 0xff), UInt8(1_099 >> 8)])
     }
 }

@@ -429,7 +429,7 @@ enum StoreSuite {
     }
 
     static func concurrentReadsOfManyBlobs(_ f: StoreFixture, blobs blobStore: (any BlobStore)? = nil,
-                                           count: Int = 300) throws {
+                                           count: Int = 300, readsPerThread: Int = 1500) throws {
         let blobs = try blobStore ?? f.open().blobs
         var refs: [ChunkRef] = []
         for i in 0..<count {
@@ -441,7 +441,7 @@ enum StoreSuite {
         let reads = Counter()
         DispatchQueue.concurrentPerform(iterations: 8) { thread in
             var rng = UInt64(thread + 1) &* 0x2545_f491_4f6c_dd1d
-            for _ in 0..<1500 {
+            for _ in 0..<readsPerThread {
                 rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17
                 let i = Int(rng % UInt64(frozen.count))
                 let expected = contents[i]
@@ -455,7 +455,7 @@ enum StoreSuite {
                 reads.add()
             }
         }
-        XCTAssertEqual(reads.count, 8 * 1500)
+        XCTAssertEqual(reads.count, 8 * readsPerThread)
         XCTAssertEqual(failures.count, 0)
         for ref in frozen.prefix(20) { XCTAssertTrue(blobs.verify(ref)) }
     }
