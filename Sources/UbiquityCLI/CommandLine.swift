@@ -120,7 +120,7 @@ func writeOut(_ text: String) {
 }
 
 let subcommands: [Subcommand] = [mountCommand, unmountCommand, initStoreCommand, containersCommand, checkCommand, versionsCommand,
-                                 restoreCommand, resolveCommand, trashCommand, statusCommand,
+                                 restoreCommand, resolveCommand, trashCommand, statusCommand, evictCommand, pinCommand,
                                  installCommand, uninstallCommand, installServiceCommand, uninstallServiceCommand,
                                  importCommand, exportCommand, completionCommand, manpageCommand]
 func allSubcommands() -> [Subcommand] { subcommands }

@@ -4,6 +4,7 @@ import Foundation
 import UbiquityFileSystem
 import UbiquityFuse
 import UbiquityManifests
+import UbiquitySharedStore
 import UbiquityStore
 
 // MARK: - registry glue
@@ -48,6 +49,7 @@ let mountCommand = Subcommand(
         ("--chunks=", "shared store: where its chunks live, as init-store set it (postgres)"),
         ("--local=", "shared store: this machine's folder for it (default $XDG_DATA_HOME/ubiquityfs-shared/…)"),
         ("--lock-lease=", "shared store: seconds this machine's locks outlast its last word to the server (default 15)"),
+        ("--cache-size=", "shared store: most bytes of content kept on this machine, e.g. 20G (default 10G)"),
         ("--app=", "mount this app's containers whole (app view) instead of the drive view"),
         ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
         ("--foreground", "stay in the foreground and log to stderr too"),
@@ -81,6 +83,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let days = p.value("--keep-deleted-days"), !(Int(days).map { $0 >= 0 && $0 <= 36_500 } ?? false) {
         throw UsageError(message: "--keep-deleted-days needs a whole number of days from 0 to 36500 (0 empties Recently Deleted at each collection)")
+    }
+    if let size = p.value("--cache-size"), !(RetentionPolicy.bytes(size).map { $0 >= UInt64(chunkSize) } ?? false) {
+        throw UsageError(message: "--cache-size needs a size of at least 1M, e.g. 500M or 20G")
     }
     if let seconds = p.value("--lock-lease"), !(Int(seconds).map { $0 >= 3 && $0 <= 3600 } ?? false) {
         throw UsageError(message: "--lock-lease needs a whole number of seconds from 3 to 3600")
@@ -164,16 +169,18 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         return ExitCode.failure
     }
     let store: BackingStore
-    var storeNotes: [String] = []
     let lease = p.value("--lock-lease").flatMap { Int($0) } ?? 15
-    do { store = try openStore(storeDir, lockLease: lease) { storeNotes.append($0) } } catch {
+    let cacheLimit = p.value("--cache-size").flatMap { RetentionPolicy.bytes($0) }.map { Int64($0) } ?? defaultCacheLimit
+    // The store may log before the log file exists (it is in the store's folder).
+    let early = LogRelay()
+    do { store = try openStore(storeDir, lockLease: lease, cacheLimit: cacheLimit) { early.write($0) } } catch {
         tell("ubiquityfs mount: cannot open the store: \(error)")
         return ExitCode.failure
     }
     let logger = Logger(path: storeDir + "/ubiquityfs.log", toStderr: readyFD == nil)
     let log: @Sendable (String) -> Void = { logger.write($0) }
     log("starting: store \(storeLabel(storeDir)), apps \(apps), mountpoint \(mountpoint)")
-    for note in storeNotes { log(note) }
+    early.attach(log)
     // From here on, a failure goes to the log as well as to whoever started the mount.
     let report: (String) -> Void = { line in
         tell(line)
@@ -360,6 +367,34 @@ final class ChangeFeed: @unchecked Sendable {
         condition.broadcast()
         while started && !finished { condition.wait() }
         condition.unlock()
+    }
+}
+
+/// Holds log lines until the log exists, then passes them (and every later one) on.
+final class LogRelay: @unchecked Sendable {
+    // `lock` guards `held` and `target`.
+    private let lock = NSLock()
+    private var held: [String] = []
+    private var target: (@Sendable (String) -> Void)?
+
+    func write(_ line: String) {
+        lock.lock()
+        if let target {
+            lock.unlock()
+            target(line)
+            return
+        }
+        held.append(line)
+        lock.unlock()
+    }
+
+    func attach(_ log: @escaping @Sendable (String) -> Void) {
+        lock.lock()
+        let lines = held
+        held = []
+        target = log
+        lock.unlock()
+        lines.forEach(log)
     }
 }
 

@@ -63,6 +63,13 @@ enum ControlHandler {
                 reply.out.append("\(path): \(result.resolved.count) conflict\(result.resolved.count == 1 ? "" : "s") resolved")
             case "status":
                 reply.out = try status(fs, daemon: daemon)
+            case "evict", "pin":
+                guard let ino = r.ino else { throw FSError(EINVAL, "\(r.command) needs a file or folder") }
+                let path = fs.displayPath(of: ino) ?? "inode \(ino)"
+                let (files, bytes) = r.command == "evict" ? try fs.evictContent(ino) : try fs.keepContent(ino)
+                let what = "\(files) file\(files == 1 ? "" : "s"), \(bytes) bytes"
+                reply.out.append(r.command == "evict" ? "\(path): evicted (\(what)); reading downloads it again"
+                                                      : "\(path): downloaded and kept on this machine (\(what))")
             case "trash":
                 reply.out = try trash(r, fs: fs)
             default:

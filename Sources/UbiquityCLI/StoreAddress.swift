@@ -79,10 +79,11 @@ func storeLabel(_ folder: String) -> String {
 }
 
 /// Opens the store of `folder` as a daemon does.
-func openStore(_ folder: String, lockLease: Int = 15, log: (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
+func openStore(_ folder: String, lockLease: Int = 15, cacheLimit: Int64 = defaultCacheLimit,
+               log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     if let shared = sharedStore(in: folder) {
         return try openSharedStore(url: shared.url, chunks: try shared.chunks.map { (c) throws(StoreError) in try parseChunkLocation(c) },
-                                   localDirectory: folder, lockLease: lockLease, log: log)
+                                   localDirectory: folder, lockLease: lockLease, cacheLimit: cacheLimit, log: log)
     }
     return try openEmbeddedStore(directory: folder, log: log)
 }
@@ -129,3 +130,24 @@ let initStoreCommand = Subcommand(
         }
         return ExitCode.success
     })
+
+// MARK: - evict and pin
+
+private func contentCommand(_ name: String, summary: String) -> Subcommand {
+    Subcommand(
+        name: name,
+        summary: summary,
+        usage: "\(name) PATH | \(name) --store URL [--local DIR] CONTAINER/PATH",
+        options: [("--store=", "the shared store, to name the file or folder as CONTAINER/PATH without a mount"),
+                  ("--local=", "this machine's folder for the shared store, if not the default")],
+        positionals: 1...1,
+        run: { p in
+            let (storeDir, ino) = try locate(p.positionals[0], p)
+            return try runControl(ControlRequest(command: name == "evict" ? "evict" : "pin", ino: ino), storeDir: storeDir)
+        })
+}
+
+let evictCommand = contentCommand(
+    "evict", summary: "drop this machine's copy of a file's (or a folder's) content; reading it downloads it again")
+let pinCommand = contentCommand(
+    "pin", summary: "download a file's (or a folder's) content now and keep it on this machine until evicted")

@@ -137,6 +137,10 @@ final class Document: @unchecked Sendable {
             }
         } else if index < base.count, !base[index].isHole, within < Int(base[index].length) {
             let want = min(piece.count, Int(base[index].length) - within)
+            // Reading to the end of a chunk: a sequential reader wants the next ones soon.
+            if within + want == Int(base[index].length), let local = store.localChunks {
+                local.prefetch(base[(index + 1)..<min(index + 3, base.count)].map(\.blob))
+            }
             while got < want {
                 let n: Int
                 do {

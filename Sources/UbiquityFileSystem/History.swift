@@ -182,7 +182,7 @@ extension UbiquityFileSystem {
         if name == Self.containerAttribute { return n.container }
         guard n.kind == .regular else { return nil }
         if name == Self.versionAttribute { return n.currentVersion.map(String.init) ?? "none" }
-        // current, or what needs the user: unsaved changes here, an unresolved conflict (the
+        // current (downloaded or not, on a shared store), or what needs the user: unsaved changes here, an unresolved conflict (the
         // file's or, for a conflict copy, its own), or a version recovered after a crash that is
         // newer than the current one.
         if docsLock.withLock({ docs[n.ino]?.hasUnpublishedChanges ?? false }) { return "pending" }
@@ -190,6 +190,8 @@ extension UbiquityFileSystem {
         let versions: [VersionRecord]
         do { versions = try store.metadata.versions(of: n.ino) } catch { throw FSError(error) }
         if let newest = versions.last, newest.origin == .recovered, newest.id > (n.currentVersion ?? 0) { return "recovered" }
+        // Current. Where content lives elsewhere, whether this machine has all of it.
+        if store.localChunks != nil { return isDownloaded(n.ino) ? "downloaded" : "not-downloaded" }
         return "current"
     }
 

@@ -91,7 +91,8 @@ public struct RetentionPolicy: Sendable, Equatable {
         return Int64(n * Double(u))
     }
 
-    private static func bytes(_ s: String) -> UInt64? {
+    /// A byte count: a number, or one with K, M, G or T (powers of 1024).
+    public static func bytes(_ s: String) -> UInt64? {
         let units: [Character: Double] = ["K": 1_024, "M": 1_048_576, "G": 1_073_741_824, "T": 1_099_511_627_776]
         if let n = UInt64(s) { return n }
         guard let u = s.last.flatMap({ units[$0] }), let n = Double(s.dropLast()), n >= 0, n * u < 0x1p62 else { return nil }

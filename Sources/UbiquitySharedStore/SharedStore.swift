@@ -110,11 +110,15 @@ func recordedChunks(_ c: PGConnection, url: String) throws(StoreError) -> ChunkL
     }
 }
 
+/// How many bytes of chunks a machine keeps unless told otherwise (`--cache-size`).
+public let defaultCacheLimit: Int64 = 10 << 30
+
 /// Opens the shared store at `url`, with this machine's working copies in `localDirectory`
 /// (made `0700`). `chunks`, when given, must be where the store keeps them. `lockLease`: how long
 /// this machine's locks outlast its last word to the server (it dies, or its link is cut).
 public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDirectory: String, timeout: Double = 10,
-                            lockLease: Int = 15, log: (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
+                            lockLease: Int = 15, cacheLimit: Int64 = defaultCacheLimit,
+                            log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     try makeDirectories(localDirectory, mode: 0o700)
     try tightenPermissions(of: localDirectory, log: log)
     let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory)
@@ -122,15 +126,16 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     if let chunks, chunks != recorded {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
     }
-    let blobs: any BlobStore
+    let remote: any BlobStore
     switch recorded {
-    case .postgres: blobs = try PostgresBlobStore(url: url, timeout: timeout)
+    case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout)
     case .s3(let location):
-        blobs = try S3BlobStore(location, timeout: timeout,
+        remote = try S3BlobStore(location, timeout: timeout,
                                 ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) })
     }
+    let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
     let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease)
-    return BackingStore(metadata: metadata, blobs: blobs, work: work, locks: locks,
-                        durability: SharedDurability(metadata: metadata))
+    return BackingStore(metadata: metadata, blobs: cache, work: work, locks: locks,
+                        durability: SharedDurability(metadata: metadata), localChunks: cache)
 }

@@ -353,6 +353,20 @@ public extension BlobStore {
     func allBlobs() throws(StoreError) -> [BlobID] { try allBlobs(writtenBefore: nil) }
 }
 
+/// What a store whose chunks live elsewhere (a shared store) keeps on this machine. The model asks
+/// through these with no idea where chunks live; a store whose chunks are all local has none of
+/// this and every answer is "local".
+public protocol LocalChunks: AnyObject, Sendable {
+    /// Whether `blob` can be read without the network.
+    func isLocal(_ blob: BlobID) -> Bool
+    /// Fetch these in the background (read-ahead); never waits.
+    func prefetch(_ blobs: [BlobID])
+    /// Fetch these now and keep them until evicted (`ubiquityfs pin`).
+    func keep(_ blobs: [BlobID]) throws(StoreError)
+    /// Drop the local copies (`ubiquityfs evict`); reading them fetches them again.
+    func evict(_ blobs: [BlobID])
+}
+
 /// A mutable working copy. Byte offsets are file offsets; chunk `i` of the document is at
 /// [i*chunkSize, ...) of the working copy. Only chunks marked dirty hold meaningful bytes; the
 /// others are read from the base version. The file's logical size is the working copy's size.
@@ -431,12 +445,15 @@ public struct BackingStore: Sendable {
     public var work: any WorkArea
     public var locks: any LockTable
     public var durability: any Durability
+    /// This machine's copies of chunks that live elsewhere; nil when every chunk is local.
+    public var localChunks: (any LocalChunks)?
     /// `durability` defaults to the local-disk machinery over these parts (`LocalDurability`);
     /// a store whose commits are durable on their own passes its own.
     public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable,
-                durability: (any Durability)? = nil) {
+                durability: (any Durability)? = nil, localChunks: (any LocalChunks)? = nil) {
         self.metadata = metadata; self.blobs = blobs; self.work = work; self.locks = locks
         self.durability = durability ?? LocalDurability(metadata: metadata, blobs: blobs, work: work)
+        self.localChunks = localChunks
     }
 }
 

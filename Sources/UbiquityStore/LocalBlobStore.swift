@@ -179,6 +179,36 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         }
     }
 
+    /// Stores `bytes` as blob `id`, a copy of another store's blob (a cache of it), replacing any
+    /// file of that id. Not synced: a cache's copy that a power cut loses is fetched again.
+    package func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
+        let temp = tempPath + "/" + Self.hex16(id) + "." + Self.hex16(UInt64.random(in: 1...UInt64.max))
+        let fd = retryEINTR { open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
+        if fd < 0 { throw systemError("create", temp, errno) }
+        do throws(StoreError) {
+            try pwriteFully(fd, bytes, at: 0, path: temp)
+        } catch {
+            close(fd)
+            _ = retryEINTR { unlink(temp) }
+            throw error
+        }
+        close(fd)
+        let final = path(of: id)
+        if rename(temp, final) != 0 {
+            let code = errno
+            _ = retryEINTR { unlink(temp) }
+            throw systemError("rename", final, code)
+        }
+        // A reader may hold the fd of the file this replaced: it goes on reading that one, which
+        // has the same bytes (blobs never change).
+    }
+
+    /// The size of blob `id`'s file, or nil if there is none.
+    package func size(of id: BlobID) -> Int? {
+        var st = stat()
+        return lstat(path(of: id), &st) == 0 ? Int(st.st_size) : nil
+    }
+
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         if blob == 0 || buffer.isEmpty { return 0 }  // the hole: an empty blob
         guard offset >= 0 else { throw StoreError(errno: EINVAL, "read \(path(of: blob)): negative offset \(offset)") }

@@ -181,3 +181,93 @@ final class SharedStoreMountTests: SharedStoreTestCase {
         XCTAssertTrue(deleted.succeeded, "\(deleted)")
     }
 }
+
+/// Chunks in S3-compatible storage, and this machine's copies of them: what is downloaded, what
+/// `evict` and `pin` do, the cache's size limit, read-ahead.
+final class SharedStoreCacheTests: SharedStoreTestCase {
+    override var chunksOption: String? { bucketOption() }
+    private var second: String { workDir + "/mnt2" }
+
+    private func status(_ path: String) -> String? { try? Posix.getxattr(path, "user.ubiquity.status").get() }
+
+    func testEvictPinAndTheCacheLimit() throws {
+        try mount(extra: TwoMountsTests.longCache)
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        // B keeps at most 8 MiB of content.
+        try mount(extra: TwoMountsTests.longCache + ["--cache-size", "8M"], at: second)
+        let a = docs("TestDrive"), b = second + "/TestDrive"
+        for name in ["one", "two", "three", "four"] {
+            assertShell("head -c 3000000 /dev/urandom > \(shellQuote(scratchDir + "/" + name)) && cp \(shellQuote(scratchDir + "/" + name)) \(shellQuote(a + "/" + name + ".bin"))")
+        }
+        eventually("the files on B") { Posix.stat(b + "/four.bin")?.st_size == 3_000_000 }
+        XCTAssertEqual(status(a + "/one.bin"), "downloaded", "A wrote it: its copy stays on A")
+        XCTAssertEqual(status(b + "/one.bin"), "not-downloaded", "B never read it")
+        XCTAssertEqual(Posix.stat(b + "/one.bin")?.st_size, 3_000_000, "true size before any download")
+        assertShell("cmp \(shellQuote(scratchDir + "/one")) \(shellQuote(b + "/one.bin"))")
+        XCTAssertEqual(status(b + "/one.bin"), "downloaded")
+
+        // Evict: the size stays, the content comes back on the next read.
+        let evicted = ubiquityfs(["evict", b + "/one.bin"])
+        XCTAssertTrue(evicted.succeeded && evicted.stdout.contains("evicted"), "\(evicted)")
+        XCTAssertEqual(status(b + "/one.bin"), "not-downloaded")
+        XCTAssertEqual(Posix.stat(b + "/one.bin")?.st_size, 3_000_000)
+        assertShell("cmp \(shellQuote(scratchDir + "/one")) \(shellQuote(b + "/one.bin"))")
+
+        // Pin a file, then read more than the cache holds: the pinned one stays, older ones go.
+        let pinned = ubiquityfs(["pin", b + "/two.bin"])
+        XCTAssertTrue(pinned.succeeded, "\(pinned)")
+        XCTAssertEqual(status(b + "/two.bin"), "downloaded")
+        for name in ["three", "four"] {
+            assertShell("cmp \(shellQuote(scratchDir + "/" + name)) \(shellQuote(b + "/" + name + ".bin"))")
+        }
+        XCTAssertEqual(status(b + "/two.bin"), "downloaded", "pinned")
+        XCTAssertEqual(status(b + "/one.bin"), "not-downloaded", "the least recently used went")
+        let cached = sh("du -sb \(shellQuote(localFolder(at: second) + "/cache/blobs")) | cut -f1")
+        XCTAssertLessThanOrEqual(Int(cached.stdout.trimmingCharacters(in: .whitespacesAndNewlines)) ?? .max, 8 << 20 + 3_000_000,
+                                 "within the limit, apart from the pinned file")
+        // A folder at once, by the store's URL with no mount path.
+        let folder = ubiquityfs(["evict", "--store", storeURL, "--local", localFolder(at: second), "TestDrive/two.bin"])
+        XCTAssertTrue(folder.succeeded, "\(folder)")
+        XCTAssertEqual(status(b + "/two.bin"), "not-downloaded")
+        for name in ["one", "two", "three", "four"] {
+            assertShell("cmp \(shellQuote(scratchDir + "/" + name)) \(shellQuote(b + "/" + name + ".bin"))")
+        }
+        try unmount(at: second)
+        try unmount()
+    }
+
+    /// A sequential read downloads ahead of the reader: after reading the first chunks of a big
+    /// evicted file, the next ones are already here.
+    func testSequentialReadsDownloadAhead() throws {
+        try mount(extra: TwoMountsTests.longCache)
+        let file = docs("TestDrive") + "/big.bin"
+        assertShell("head -c 6291456 /dev/urandom > \(shellQuote(file))")
+        XCTAssertTrue(ubiquityfs(["evict", file]).succeeded)
+        XCTAssertEqual(status(file), "not-downloaded")
+        // Read the first 2 MiB only (bypassing the page cache).
+        assertShell("dd if=\(shellQuote(file)) of=/dev/null bs=1M count=2 iflag=direct status=none")
+        let cacheDir = storeDir + "/cache/blobs"
+        eventually("the chunks after the read one, fetched ahead") {
+            let n = Int(sh("find \(shellQuote(cacheDir)) -type f -not -path '*/.tmp/*' | wc -l").stdout
+                .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+            return n >= 4
+        }
+        try unmount()
+    }
+
+    /// On the embedded store, content is all local: evict and pin say so.
+    func testEvictOnTheEmbeddedStoreSaysThereIsNothingToEvict() throws {
+        let dir = workDir + "/embedded"
+        let mnt = workDir + "/mnt-embedded"
+        try FileManager.default.createDirectory(atPath: mnt, withIntermediateDirectories: true)
+        let r = ubiquityfs(["mount", "--apps", appsDir, "--store", dir, mnt])
+        XCTAssertTrue(r.succeeded, "\(r)")
+        adoptMount(at: mnt)
+        XCTAssertEqual(Posix.writeFile(mnt + "/TestDrive/x.txt", "x\n"), 0)
+        XCTAssertEqual(try? Posix.getxattr(mnt + "/TestDrive/x.txt", "user.ubiquity.status").get(), "current")
+        let e = ubiquityfs(["evict", mnt + "/TestDrive/x.txt"])
+        XCTAssertFalse(e.succeeded)
+        XCTAssertTrue(e.stderr.contains("nothing to download or evict"), e.stderr)
+        try unmount(at: mnt)
+    }
+}

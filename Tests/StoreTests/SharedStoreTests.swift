@@ -68,7 +68,7 @@ final class PostgresFixture: StoreFixture {
     func connection() -> PGConnection { PGConnection(PGTarget(url: url, timeout: 10)) }
 
     func corrupt(_ ref: ChunkRef, in store: BackingStore) throws {
-        if let s3 = store.blobs as? S3BlobStore {
+        if let s3 = (store.blobs as? ChunkCache)?.remote as? S3BlobStore {
             var bytes = try readBlob(s3, ref.blob, count: Int(ref.length))
             bytes[0] ^= 0xff
             var body: [UInt8] = []
@@ -337,5 +337,105 @@ final class S3StoreTests: XCTestCase {
         for i in 0..<1_100 { refs.append(try writeBlob(blobs, [UInt8(i & 0xff), UInt8(i >> 8)])) }
         XCTAssertEqual(Set(try blobs.allBlobs()), Set(refs.map(\.blob)))
         XCTAssertEqual(try readBlob(blobs, refs[1_099].blob, count: 2), [UInt8(1_099 & 0xff), UInt8(1_099 >> 8)])
+    }
+}
+
+private func chunk(_ seed: UInt64, size: Int = 400_000) -> [UInt8] { Sample.bytes(size, seed: seed) }
+
+/// A blob store that counts reads (downloads, for the cache above it).
+final class CountingBlobStore: BlobStore, @unchecked Sendable {
+    let wrapped: any BlobStore
+    let reads = Counter()
+    init(_ wrapped: any BlobStore) { self.wrapped = wrapped }
+    func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef { try wrapped.write(bytes, durable: durable) }
+    func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        reads.add()
+        Thread.sleep(forTimeInterval: 0.01)   // a network: concurrent readers of one chunk overlap
+        return try wrapped.read(blob, at: offset, into: buffer)
+    }
+    func syncAll() throws(StoreError) { try wrapped.syncAll() }
+    func delete(_ blob: BlobID) throws(StoreError) { try wrapped.delete(blob) }
+    func verify(_ ref: ChunkRef) -> Bool { wrapped.verify(ref) }
+    func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] { try wrapped.allBlobs(writtenBefore: cutoff) }
+}
+
+/// The local chunk cache over a remote store: reads download once, the size limit holds by
+/// dropping the least recently used chunks, pinned chunks stay, evicted ones download again.
+final class ChunkCacheTests: XCTestCase {
+    private var folder = ""
+
+    override func setUp() {
+        folder = FileManager.default.temporaryDirectory.appendingPathComponent("chunkcache-\(UUID().uuidString)").path
+    }
+
+    override func tearDown() {
+        try? FileManager.default.removeItem(atPath: folder)
+        super.tearDown()
+    }
+
+    func testReadsDownloadOnceAndTheLimitHolds() throws {
+        let memory = makeMemoryStore().blobs
+        let remote = CountingBlobStore(memory)
+        // Written elsewhere (straight to the remote): nothing local yet.
+        let refs = try (0..<6).map { try writeBlob(remote, chunk(UInt64($0))) }
+        let cache = try ChunkCache(remote: remote, directory: folder, limit: 1_300_000)
+        XCTAssertFalse(cache.isLocal(refs[0].blob))
+        // Eight threads read the same chunk at once: one download.
+        DispatchQueue.concurrentPerform(iterations: 8) { _ in
+            XCTAssertEqual(try? readBlob(cache, refs[0].blob, at: 1000, count: 10), Array(chunk(0)[1000..<1010]))
+        }
+        XCTAssertEqual(remote.reads.count, 1)
+        XCTAssertTrue(cache.isLocal(refs[0].blob))
+        XCTAssertEqual(try readBlob(cache, refs[0].blob, count: 400_000), chunk(0))
+        XCTAssertEqual(remote.reads.count, 1, "a cached chunk is read locally")
+        // Pin chunk 1, then read 2…5: the limit (3 chunks) drops the oldest unpinned ones.
+        try cache.keep([refs[1].blob])
+        for i in 2..<6 { _ = try readBlob(cache, refs[i].blob, count: 1) }
+        XCTAssertLessThanOrEqual(cache.usage.bytes, 1_300_000 + 400_000, "within the limit, apart from pins")
+        XCTAssertTrue(cache.isLocal(refs[1].blob), "pinned")
+        XCTAssertFalse(cache.isLocal(refs[0].blob), "least recently used goes first")
+        XCTAssertTrue(cache.isLocal(refs[5].blob), "the newest stays")
+        // A chunk that went is downloaded again, whole and right.
+        XCTAssertEqual(try readBlob(cache, refs[0].blob, count: 400_000), chunk(0))
+        // Evicting a pinned chunk drops the pin too.
+        cache.evict([refs[1].blob])
+        XCTAssertFalse(cache.isLocal(refs[1].blob))
+        XCTAssertEqual(try readBlob(cache, refs[1].blob, count: 400_000), chunk(1))
+    }
+
+    func testWritesAreKeptAndTheCacheSurvivesARestart() throws {
+        let remote = CountingBlobStore(makeMemoryStore().blobs)
+        var ref: ChunkRef
+        do {
+            let cache = try ChunkCache(remote: remote, directory: folder, limit: 10_000_000)
+            ref = try writeBlob(cache, chunk(9))
+            XCTAssertTrue(cache.isLocal(ref.blob), "what this machine writes, it keeps")
+            let other = try writeBlob(remote, chunk(10))
+            try cache.keep([other.blob])
+        }
+        let again = try ChunkCache(remote: remote, directory: folder, limit: 10_000_000)
+        XCTAssertTrue(again.isLocal(ref.blob))
+        XCTAssertEqual(again.usage.chunks, 2)
+        XCTAssertEqual(again.usage.pinned, 1)
+        XCTAssertEqual(try readBlob(again, ref.blob, count: 400_000), chunk(9))
+        XCTAssertEqual(remote.reads.count, 1, "only the pinned chunk was ever downloaded")
+        // Deleting a chunk deletes the store's copy and this one.
+        try again.delete(ref.blob)
+        XCTAssertFalse(again.isLocal(ref.blob))
+        assertStoreError(ENOENT) { try readBlob(again, ref.blob, count: 1) }
+    }
+
+    /// A download that fails reports the store's error to every reader waiting for it, and a
+    /// later read tries again.
+    func testAFailedDownloadFailsItsReadersAndIsTriedAgain() throws {
+        let plan = FaultPlan()
+        let memory = makeMemoryStore().blobs
+        let ref = try writeBlob(memory, chunk(3))
+        let cache = try ChunkCache(remote: FaultInjectingBlobStore(memory, plan: plan), directory: folder, limit: 10_000_000)
+        plan.fail(.blobRead, errno: EHOSTUNREACH)
+        assertStoreError(EHOSTUNREACH) { try readBlob(cache, ref.blob, count: 1) }
+        XCTAssertFalse(cache.isLocal(ref.blob))
+        plan.clearAll()
+        XCTAssertEqual(try readBlob(cache, ref.blob, count: 400_000), chunk(3))
     }
 }

@@ -9,6 +9,9 @@ import XCTest
 class SharedStoreTestCase: MountTestCase {
     private(set) var database = ""
     private(set) var storeURL = ""
+    /// Where the store keeps its chunks (`init-store --chunks`): in PostgreSQL unless a subclass
+    /// says otherwise.
+    var chunksOption: String? { nil }
 
     /// The test server's URL (no password: it comes from PGPASSFILE).
     static func serverURL() throws -> String {
@@ -19,6 +22,12 @@ class SharedStoreTestCase: MountTestCase {
             throw FixtureError(message)
         }
         return url
+    }
+
+    /// A bucket for this test on the test object store (Ceph's RGW).
+    func bucketOption() -> String {
+        let endpoint = ProcessInfo.processInfo.environment["S3_ENDPOINT"] ?? "http://S3_ENDPOINT-is-not-set"
+        return "s3://ubqm-\(database.dropFirst(5).prefix(16))?endpoint=\(endpoint)"
     }
 
     /// `psql` on the test server's database `db` (the server's own by default).
@@ -35,7 +44,7 @@ class SharedStoreTestCase: MountTestCase {
         let created = psql("CREATE DATABASE \(database)")
         guard created.succeeded else { throw FixtureError("cannot create the test database: \(created)") }
         storeURL = String(base[..<base.range(of: "/", options: .backwards)!.lowerBound]) + "/" + database
-        let initialized = ubiquityfs(["init-store", "--store", storeURL])
+        let initialized = ubiquityfs(["init-store", "--store", storeURL] + (chunksOption.map { ["--chunks", $0] } ?? []))
         guard initialized.succeeded else { throw FixtureError("init-store failed: \(initialized)") }
     }
 
