@@ -46,7 +46,7 @@ let mountCommand = Subcommand(
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs), or a shared store's postgres:// URL"),
-        ("--chunks=", "shared store: where its chunks live, as init-store set it (postgres)"),
+        ("--chunks=", "shared store: where its chunks live, as init-store set it (postgres or s3://…)"),
         ("--local=", "shared store: this machine's folder for it (default $XDG_DATA_HOME/ubiquityfs-shared/…)"),
         ("--lock-lease=", "shared store: seconds this machine's locks outlast its last word to the server (default 15)"),
         ("--cache-size=", "shared store: most bytes of content kept on this machine, e.g. 20G (default 10G)"),

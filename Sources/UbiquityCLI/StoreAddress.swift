@@ -110,10 +110,10 @@ func registeredContainers(_ folder: String) throws -> [ContainerRecord] {
 let initStoreCommand = Subcommand(
     name: "init-store",
     summary: "create a shared store: its tables in a PostgreSQL database, and where its chunks live",
-    usage: "init-store --store postgres://USER@HOST[:PORT]/DATABASE [--chunks postgres]",
+    usage: "init-store --store postgres://USER@HOST[:PORT]/DATABASE [--chunks postgres|s3://BUCKET?endpoint=URL]",
     options: [
         ("--store=", "the PostgreSQL URL, without a password (it comes from ~/.pgpass, PGPASSFILE or PGPASSWORD)"),
-        ("--chunks=", "where content chunks live: postgres (in the database itself; the default)"),
+        ("--chunks=", "where content chunks live: postgres (in the database itself; the default) or s3://BUCKET?endpoint=URL[&region=R][&prefix=P]"),
     ],
     positionals: 0...0,
     run: { p in

@@ -147,6 +147,10 @@ final class Document: @unchecked Sendable {
                     n = try store.blobs.read(base[index].blob, at: within + got,
                                              into: UnsafeMutableRawBufferPointer(rebasing: piece[got..<want]))
                 } catch {
+                    if error.kind == .unavailable {
+                        throw StoreError(errno: EIO, "the content of inode \(ino) is not on this machine, and the store "
+                                         + "cannot be reached: \(error.message)")
+                    }
                     throw StoreError(errno: EIO, "content of inode \(ino) is damaged: \(error)")
                 }
                 if n == 0 { throw StoreError(errno: EIO, "content of inode \(ino) is damaged: chunk \(index) is short") }

@@ -86,7 +86,11 @@ extension UbiquityFileSystem {
                 return n
             }
             let doc = try fileDocument(handle).0
-            do { return try doc.read(at: offset, into: buffer) } catch { throw FSError(error) }
+            do { return try doc.read(at: offset, into: buffer) } catch {
+                // The program sees only EIO: the log says which file and why.
+                log("read of \(displayPath(of: doc.ino) ?? "inode \(doc.ino)") failed: \(error)")
+                throw FSError(error)
+            }
         }
     }
 
