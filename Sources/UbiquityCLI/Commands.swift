@@ -170,10 +170,9 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     }
     let store: BackingStore
     let lease = p.value("--lock-lease").flatMap { Int($0) } ?? 15
-    let cacheLimit = p.value("--cache-size").flatMap { RetentionPolicy.bytes($0) }.map { Int64($0) } ?? defaultCacheLimit
     // The store may log before the log file exists (it is in the store's folder).
     let early = LogRelay()
-    do { store = try openStore(storeDir, lockLease: lease, cacheLimit: cacheLimit) { early.write($0) } } catch {
+    do { store = try openStore(storeDir, lockLease: lease) { early.write($0) } } catch {
         tell("ubiquityfs mount: cannot open the store: \(error)")
         return ExitCode.failure
     }
@@ -310,8 +309,9 @@ final class IdlePublisher: @unchecked Sendable {
     }
 }
 
-/// Applies other writers' changes from the store's change log a few times a second and tells the
-/// kernel to drop what it cached of them, from a thread of its own.
+/// Applies other writers' changes from the store's change log (ten times a second, or as soon as a
+/// shared store signals a commit) and tells the kernel to drop what it cached of them, from a
+/// thread of its own.
 final class ChangeFeed: @unchecked Sendable {
     private let fs: UbiquityFileSystem
     private let session: FuseSession
@@ -332,8 +332,9 @@ final class ChangeFeed: @unchecked Sendable {
         let t = Thread { [self] in
             var failing = false
             while true {
+                // A shared store's notification ends the wait early; otherwise this polls.
+                fs.waitForStoreChanges(Self.interval)
                 condition.lock()
-                if !stopping { _ = condition.wait(until: Date().addingTimeInterval(Self.interval)) }
                 let stop = stopping
                 condition.unlock()
                 if stop { break }

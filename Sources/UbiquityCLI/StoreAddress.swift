@@ -16,6 +16,8 @@ struct SharedStoreRecord: Codable, Equatable {
     var url: String
     /// As `--chunks` gave it (nil: wherever the store says).
     var chunks: String?
+    /// The mount's `--cache-size`, so that a command that opens the store itself keeps to it.
+    var cacheSize: Int64?
 }
 
 let sharedStoreFile = "shared-store"
@@ -48,12 +50,16 @@ func storeFolder(_ p: Parsed) throws -> String {
     let folder = absolutePath(p.value("--local") ?? defaultLocalFolder(for: store))
     try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true,
                                             attributes: [.posixPermissions: 0o700])
-    let record = SharedStoreRecord(url: store, chunks: chunks)
     let path = folder + "/" + sharedStoreFile
-    if let existing = sharedStore(in: folder), existing.url != store {
+    let existing = sharedStore(in: folder)
+    if let existing, existing.url != store {
         throw UsageError(message: "\(folder) is the local folder of another shared store (\(existing.url)); give this one its own with --local DIR")
     }
-    if sharedStore(in: folder) != record {
+    // What this command gives replaces what an earlier one recorded; the rest stays.
+    var record = existing ?? SharedStoreRecord(url: store)
+    if let chunks { record.chunks = chunks }
+    if let size = p.value("--cache-size").flatMap({ RetentionPolicy.bytes($0) }) { record.cacheSize = Int64(size) }
+    if existing != record {
         let data = try JSONEncoder().encode(record)
         guard FileManager.default.createFile(atPath: path, contents: data, attributes: [.posixPermissions: 0o600]) else {
             throw UsageError(message: "cannot write \(path)")
@@ -79,11 +85,12 @@ func storeLabel(_ folder: String) -> String {
 }
 
 /// Opens the store of `folder` as a daemon does.
-func openStore(_ folder: String, lockLease: Int = 15, cacheLimit: Int64 = defaultCacheLimit,
+func openStore(_ folder: String, lockLease: Int = 15,
                log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     if let shared = sharedStore(in: folder) {
         return try openSharedStore(url: shared.url, chunks: try shared.chunks.map { (c) throws(StoreError) in try parseChunkLocation(c) },
-                                   localDirectory: folder, lockLease: lockLease, cacheLimit: cacheLimit, log: log)
+                                   localDirectory: folder, lockLease: lockLease,
+                                   cacheLimit: shared.cacheSize ?? defaultCacheLimit, log: log)
     }
     return try openEmbeddedStore(directory: folder, log: log)
 }

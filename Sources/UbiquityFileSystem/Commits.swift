@@ -206,6 +206,12 @@ extension UbiquityFileSystem {
         try catchUpForKernel().invalidations
     }
 
+    /// Waits at most `seconds` for a sign that another writer committed (see
+    /// `MetadataStore.waitForChanges`).
+    public func waitForStoreChanges(_ seconds: Double) {
+        store.metadata.waitForChanges(seconds)
+    }
+
     /// `catchUp`, and the same changes as replays for programs watching the mount (see
     /// WatchEvents.swift): the change feed sends the invalidations first, then replays.
     public func catchUpForKernel() throws(FSError) -> (invalidations: [KernelInvalidation], watches: [WatchEvent]) {

@@ -465,7 +465,7 @@ struct Publication: ~Copyable {
     }
 
     deinit {
-        if !finished {
+        if !finished && doc.store.deletesChunksOfFailedCommits {
             for blob in written { try? doc.store.blobs.delete(blob) }
         }
         doc.lock.unlock()

@@ -300,7 +300,9 @@ extension UbiquityFileSystem {
         if let name { try ViewPolicy.check(name: name) }
         let chunks = try copyContent(v.chunks)
         var committed = false
-        defer { if !committed { for c in chunks where !c.isHole { try? store.blobs.delete(c.blob) } } }
+        defer {
+            if !committed && store.deletesChunksOfFailedCommits { for c in chunks where !c.isHole { try? store.blobs.delete(c.blob) } }
+        }
         let made = try mutate { s -> InodeNumber? in
             if let conflict, s.base.conflicts[conflict.version] != conflict { return nil }
             guard let file = s.node(ino), var p = s.node(parent), p.kind == .directory else {

@@ -148,13 +148,14 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     }
 
     public func keep(_ blobs: [BlobID]) throws(StoreError) {
+        // Pinned first, so that fetching the others cannot evict these.
+        condition.lock()
+        pinned.formUnion(blobs.filter { $0 != 0 })
+        condition.unlock()
+        try savePinned()
         for blob in blobs where blob != 0 {
             if !touch(blob) { try fetch(blob) }
-            condition.lock()
-            pinned.insert(blob)
-            condition.unlock()
         }
-        try savePinned()
     }
 
     public func evict(_ blobs: [BlobID]) {
@@ -182,10 +183,12 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
 
     private func added(_ blob: BlobID, size: Int64) {
         condition.lock()
-        if entries[blob] == nil { total += size }
+        if let old = entries[blob] { total -= old.size }
+        total += size
         tick += 1
         entries[blob] = Entry(size: size, used: tick)
-        evictLocked()
+        // Never the chunk just added: its reader is about to read it.
+        evictLocked(sparing: blob)
         condition.unlock()
     }
 
@@ -244,10 +247,10 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
 
     /// Drops least recently used unpinned chunks until the cache is within its limit, to 90% of
     /// it so that the next few downloads do not each evict. Call with `condition` held.
-    private func evictLocked() {
+    private func evictLocked(sparing spared: BlobID = 0) {
         guard total > limit else { return }
         let target = limit / 10 * 9
-        let victims = entries.filter { !pinned.contains($0.key) }.sorted { $0.value.used < $1.value.used }
+        let victims = entries.filter { !pinned.contains($0.key) && $0.key != spared }.sorted { $0.value.used < $1.value.used }
         for (blob, e) in victims {
             if total <= target { break }
             entries[blob] = nil
@@ -262,7 +265,8 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         condition.lock()
         let text = pinned.map { String($0, radix: 16) }.sorted().joined(separator: "\n")
         condition.unlock()
-        let temp = pinnedPath + ".tmp"
+        // A file of its own per call: two saves at once must not write one temporary file.
+        let temp = pinnedPath + ".tmp-" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
         guard FileManager.default.createFile(atPath: temp, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600]),
               rename(temp, pinnedPath) == 0 else {
             throw StoreError(errno: EIO, "cannot record the pinned chunks in \(pinnedPath)")

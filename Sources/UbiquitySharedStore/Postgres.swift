@@ -141,6 +141,9 @@ final class PGConnection {
 
     var isConnected: Bool { conn.map { PQstatus($0) == CONNECTION_OK } ?? false }
 
+    /// The server process serving this connection (0 when not connected).
+    var backendPID: Int32 { conn.map { PQbackendPID($0) } ?? 0 }
+
     /// Close the connection (a broken or timed-out one, or at the end).
     func drop() {
         if let conn { PQfinish(conn) }
@@ -157,10 +160,14 @@ final class PGConnection {
         if let conn, PQstatus(conn) == CONNECTION_OK { return }
         drop()
         let keys = ["dbname", "connect_timeout", "application_name", "keepalives", "keepalives_idle",
-                    "keepalives_interval", "keepalives_count", "tcp_user_timeout"]
+                    "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options"]
         let seconds = max(2, Int(target.timeout.rounded(.up)))
+        // The server ends a transaction whose client went quiet (a machine that lost its link
+        // after taking the row every commit needs would otherwise stall every other machine
+        // until TCP gave up, hours later). Commits are always durable.
+        let options = "-c idle_in_transaction_session_timeout=\(seconds * 2000) -c synchronous_commit=on"
         let values = [target.url, String(seconds), target.applicationName, "1", String(max(1, seconds / 2)), "1",
-                      String(max(1, seconds / 2)), String(seconds * 1000)]
+                      String(max(1, seconds / 2)), String(seconds * 1000), options]
         let ckeys = keys.map { strdup($0) } + [nil]
         let cvalues = values.map { strdup($0) } + [nil]
         defer {
@@ -283,7 +290,9 @@ final class PGConnection {
     /// Flush the request, then wait (with the deadline) for every result; the last one is kept,
     /// and the first error is thrown once the connection is idle again.
     private func finish(_ sql: String) throws -> PGResult {
-        let deadline = Date().addingTimeInterval(target.timeout)
+        // The deadline is for silence, not for the whole answer: a large result that keeps
+        // coming (a load of a big namespace) is not cut off.
+        var deadline = Date().addingTimeInterval(target.timeout)
         while true {
             let flushed = PQflush(conn)
             if flushed == 0 { break }
@@ -297,6 +306,7 @@ final class PGConnection {
             while PQisBusy(conn) != 0 {
                 try waitSocket(Int16(POLLIN), until: deadline)
                 if PQconsumeInput(conn) == 0 { throw lost("the connection broke") }
+                deadline = Date().addingTimeInterval(target.timeout)
             }
             guard let r = PQgetResult(conn) else { break }
             let result = PGResult(r)

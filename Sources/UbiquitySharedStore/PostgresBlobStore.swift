@@ -93,8 +93,11 @@ public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
         let checksum = contentChecksum(bytes)
         let id = try ids.take()
         try pool.with { (c) throws(StoreError) in
-            _ = try c.query("INSERT INTO ubiquityfs.blobs(id, written, data) VALUES($1, $2, $3)",
-                            [.int(Int64(bitPattern: id)), .int(nowNanoseconds()), .buffer(bytes)])
+            // Stamped with the server's clock, which every machine's collection shares.
+            _ = try c.query("""
+                INSERT INTO ubiquityfs.blobs(id, written, data)
+                VALUES($1, (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, $2)
+                """, [.int(Int64(bitPattern: id)), .buffer(bytes)])
         }
         return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
     }

@@ -105,8 +105,12 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
                 return try transaction { () throws(StoreError) -> Bool in
                     let n = Int64(bitPattern: node)
                     try renew(owner.writer)
-                    try connection.query("INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1) ON CONFLICT (node) DO NOTHING", [.int(n)])
-                    try connection.query("SELECT node FROM ubiquityfs.lock_nodes WHERE node = $1 FOR UPDATE", [.int(n)])
+                    // One statement makes the node's row and locks it (a separate SELECT … FOR UPDATE
+                    // could find it deleted by `forget` in between, and lock nothing).
+                    try connection.query("""
+                        INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1)
+                        ON CONFLICT (node) DO UPDATE SET node = EXCLUDED.node RETURNING node
+                        """, [.int(n)])
                     let live = try rows(node)
                     let others = live.filter { $0.key != owner }
                     var mine = live.first { $0.key == owner }?.segments ?? LockSegments()

@@ -34,8 +34,10 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
     /// Writers of this process announced in `presence`, renewed until withdrawn.
     private var present: Set<String> = []
     private var heartbeat: Thread?
-    /// How long a daemon counts as running after its last renewal.
-    static let presenceSeconds: Int64 = 60
+    /// How long a daemon counts as running after its last renewal: long, since a machine cut off
+    /// from the server goes on serving its programs, and what waits for every other writer to be
+    /// gone (removing files unlinked while open) must not run under its feet.
+    static let presenceSeconds: Int64 = 3600
 
     /// Connects to the store at `url` (a libpq URI without a password). `create`: make the schema
     /// if the database has none (`init-store`); otherwise a missing schema is a clear error.
@@ -173,8 +175,9 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             while true {
                 attempt += 1
                 var committing = false
+                var backend: Int32 = 0
                 do {
-                    return try commitOnce(batch, token: token, committing: &committing)
+                    return try commitOnce(batch, token: token, committing: &committing, backend: &backend)
                 } catch let failure as PGFailure {
                     if connection.isConnected { _ = try? connection.run("ROLLBACK", []) }
                     if failure.mustRetry && attempt < 20 {
@@ -186,9 +189,9 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                 } catch let error as StoreError {
                     if connection.isConnected { _ = try? connection.run("ROLLBACK", []) }
                     if error.kind == .unavailable && committing && !batch.mutations.isEmpty {
-                        // COMMIT was sent and the answer lost: did it land?
-                        let found = try connection.query("SELECT seq FROM ubiquityfs.changes WHERE token = $1", [.text(token)])
-                        if found.count > 0 { return found.int(0, 0) }
+                        // COMMIT was sent and the answer lost: did it land? Only once the server
+                        // process that had it is gone can its absence be trusted.
+                        if let seq = try landed(token: token, backend: backend) { return seq }
                     }
                     throw error
                 } catch {
@@ -198,9 +201,29 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
-    private func commitOnce(_ batch: Batch, token: String, committing: inout Bool) throws -> ChangeSeq {
+    /// After a lost answer to COMMIT: ends the server process that had the transaction (if it
+    /// is still there), waits for it to go, then looks for the batch's token. Nil: it did not
+    /// land. Throws if that cannot be known.
+    private func landed(token: String, backend: Int32) throws(StoreError) -> ChangeSeq? {
+        let deadline = Date().addingTimeInterval(connection.target.timeout)
+        if backend != 0 {
+            _ = try? connection.query("SELECT pg_terminate_backend($1::integer)", [.int(Int64(backend))])
+            while try connection.query("SELECT 1 FROM pg_stat_activity WHERE pid = $1::integer", [.int(Int64(backend))]).count > 0 {
+                if Date() > deadline {
+                    throw StoreError(.unavailable, "\(redacted(url)): whether a commit landed is not known yet (its server "
+                                     + "process \(backend) is still there)")
+                }
+                usleep(20_000)
+            }
+        }
+        let found = try connection.query("SELECT seq FROM ubiquityfs.changes WHERE token = $1", [.text(token)])
+        return found.count > 0 ? found.int(0, 0) : nil
+    }
+
+    private func commitOnce(_ batch: Batch, token: String, committing: inout Bool, backend: inout Int32) throws -> ChangeSeq {
         let c = connection
         try c.run("BEGIN", [])
+        backend = c.backendPID
         if batch.mutations.isEmpty {
             // Nothing to log. PostgreSQL's commits are durable, so a durable empty batch (a
             // barrier) has nothing to wait for either.
@@ -448,7 +471,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             guard heartbeat == nil else { return }
             let t = Thread { [weak self] in
                 while true {
-                    Thread.sleep(forTimeInterval: Double(Self.presenceSeconds) / 4)
+                    Thread.sleep(forTimeInterval: 60)
                     guard let self else { return }
                     for w in self.presenceMutex.withLock({ self.present }) { try? self.renewPresence(w) }
                 }

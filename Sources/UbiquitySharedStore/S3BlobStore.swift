@@ -318,7 +318,11 @@ public final class S3BlobStore: BlobStore, @unchecked Sendable {
         let status = try client.perform("GET", client.url(key(blob)), range: offset...(offset + buffer.count - 1),
                                         into: buffer, collected: &body, received: &received)
         switch status {
-        case 200, 206: return received
+        case 206: return received
+        case 200:
+            // The whole object, the range ignored: right only from its start.
+            guard offset == 0 else { throw StoreError(errno: EIO, "S3 GET chunk \(key(blob)): the service ignored the byte range") }
+            return received
         case 416: return 0   // past the end
         default: throw client.fail("GET chunk \(key(blob))", status, Array(UnsafeRawBufferPointer(rebasing: buffer[..<min(received, buffer.count)])))
         }

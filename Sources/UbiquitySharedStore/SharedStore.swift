@@ -137,5 +137,6 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
     let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease)
     return BackingStore(metadata: metadata, blobs: cache, work: work, locks: locks,
-                        durability: SharedDurability(metadata: metadata), localChunks: cache)
+                        durability: SharedDurability(metadata: metadata), localChunks: cache,
+                        deletesChunksOfFailedCommits: false)
 }

@@ -447,13 +447,20 @@ public struct BackingStore: Sendable {
     public var durability: any Durability
     /// This machine's copies of chunks that live elsewhere; nil when every chunk is local.
     public var localChunks: (any LocalChunks)?
+    /// Whether chunks written for a commit that failed may be deleted at once. False for a
+    /// store where a commit's outcome can be unknown (a server's answer lost on the way): the
+    /// commit may have landed, so its chunks are left to garbage collection, which frees them
+    /// only if no version names them.
+    public var deletesChunksOfFailedCommits: Bool
     /// `durability` defaults to the local-disk machinery over these parts (`LocalDurability`);
     /// a store whose commits are durable on their own passes its own.
     public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable,
-                durability: (any Durability)? = nil, localChunks: (any LocalChunks)? = nil) {
+                durability: (any Durability)? = nil, localChunks: (any LocalChunks)? = nil,
+                deletesChunksOfFailedCommits: Bool = true) {
         self.metadata = metadata; self.blobs = blobs; self.work = work; self.locks = locks
         self.durability = durability ?? LocalDurability(metadata: metadata, blobs: blobs, work: work)
         self.localChunks = localChunks
+        self.deletesChunksOfFailedCommits = deletesChunksOfFailedCommits
     }
 }
 

@@ -425,6 +425,20 @@ final class ChunkCacheTests: XCTestCase {
         assertStoreError(ENOENT) { try readBlob(again, ref.blob, count: 1) }
     }
 
+    /// Pins that fill the cache leave room for the chunk being read: it is never evicted as it
+    /// arrives, and a pin is never evicted by the fetches of the pin itself.
+    func testPinsFillingTheCacheStillLeaveReadsWorking() throws {
+        let remote = CountingBlobStore(makeMemoryStore().blobs)
+        let refs = try (0..<6).map { try writeBlob(remote, chunk(UInt64(20 + $0))) }
+        let cache = try ChunkCache(remote: remote, directory: folder, limit: Int64(chunkSize))
+        try cache.keep(refs[0..<3].map(\.blob))
+        for r in refs[0..<3] { XCTAssertTrue(cache.isLocal(r.blob), "pinned, beyond the limit") }
+        for (i, r) in refs.enumerated().dropFirst(3) {
+            XCTAssertEqual(try readBlob(cache, r.blob, count: 400_000), chunk(UInt64(20 + i)))
+        }
+        XCTAssertEqual(remote.reads.count, 6, "each chunk downloaded once")
+    }
+
     /// A download that fails reports the store's error to every reader waiting for it, and a
     /// later read tries again.
     func testAFailedDownloadFailsItsReadersAndIsTriedAgain() throws {
