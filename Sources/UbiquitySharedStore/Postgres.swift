@@ -250,6 +250,20 @@ final class PGConnection {
         }
     }
 
+    /// Runs `body` in a transaction begun with `begin`: committed if it returns, rolled back
+    /// (or dropped with the connection) if it throws.
+    func transaction<R>(_ begin: String = "BEGIN", _ body: () throws(StoreError) -> R) throws(StoreError) -> R {
+        try run(begin, [])
+        do throws(StoreError) {
+            let result = try body()
+            try run("COMMIT", [])
+            return result
+        } catch {
+            if isConnected { _ = try? run("ROLLBACK", []) }
+            throw error
+        }
+    }
+
     /// Subscribe to `channel` (now and after every reconnect).
     func listen(_ channel: String) throws(StoreError) {
         if !channels.contains(channel) { channels.append(channel) }

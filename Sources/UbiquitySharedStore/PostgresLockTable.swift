@@ -86,23 +86,11 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
         }
     }
 
-    private func transaction<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
-        try connection.run("BEGIN", [])
-        do throws(StoreError) {
-            let result = try body()
-            try connection.run("COMMIT", [])
-            return result
-        } catch {
-            if connection.isConnected { _ = try? connection.run("ROLLBACK", []) }
-            throw error
-        }
-    }
-
     public func set(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) throws(StoreError) -> Bool {
         let granted = try mutex.withLock { () throws(StoreError) -> Bool in
             let first = writers.insert(owner.writer).inserted
             do throws(StoreError) {
-                return try transaction { () throws(StoreError) -> Bool in
+                return try connection.transaction { () throws(StoreError) -> Bool in
                     let n = Int64(bitPattern: node)
                     try renew(owner.writer)
                     // One statement makes the node's row and locks it (a separate SELECT … FOR UPDATE

@@ -94,15 +94,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
     /// Runs `body` in a read-only transaction that sees one state of the database.
     private func reading<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
         try mutex.withLock { () throws(StoreError) -> R in
-            try connection.run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", [])
-            do throws(StoreError) {
-                let result = try body()
-                try connection.run("COMMIT", [])
-                return result
-            } catch {
-                if connection.isConnected { _ = try? connection.run("ROLLBACK", []) }
-                throw error
-            }
+            try connection.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
         }
     }
 
@@ -372,8 +364,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func trimChanges(keepingLast count: Int) throws(StoreError) {
         try mutex.withLock { () throws(StoreError) in
-            try connection.run("BEGIN", [])
-            do throws(StoreError) {
+            try connection.transaction { () throws(StoreError) in
                 let last = try connection.query("SELECT value FROM ubiquityfs.store WHERE key = 'seq'").int(0, 0)
                 let cut = last - ChangeSeq(count)
                 // The mark first, in the same transaction: a reader sees both or neither.
@@ -382,10 +373,6 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                 if moved.affected > 0 {
                     try connection.query("DELETE FROM ubiquityfs.changes WHERE seq <= $1", [.int(cut)])
                 }
-                try connection.run("COMMIT", [])
-            } catch {
-                if connection.isConnected { _ = try? connection.run("ROLLBACK", []) }
-                throw error
             }
         }
     }

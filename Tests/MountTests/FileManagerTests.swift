@@ -162,11 +162,6 @@ final class FileManagerTests: MountTestCase {
         XCTAssertTrue(shot.succeeded, "screenshot \(name): \(shot)")
     }
 
-    private func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
-                            _ check: () -> Bool) {
-        do { try waitFor(what, seconds: seconds, check) } catch { XCTFail("\(error)", file: file, line: line) }
-    }
-
     /// The names the file manager's view of the current folder holds: select all, copy, read
     /// the clipboard. (Nautilus takes keys in its view once clicked there, on an empty spot.)
     private func namesShown() -> Set<String> {

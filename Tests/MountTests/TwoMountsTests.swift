@@ -10,6 +10,17 @@ import XCTest
 final class TwoMountsTests: MountTestCase {
     /// Locks through mount B against mount A, as small Python programs see them: one line per
     /// step. Arguments: A's path, B's path, B's daemon pid, how long a dead daemon's locks may last.
+    /// What `lockScript` prints when every lock behaves.
+    static let lockScriptExpected = [
+        "holder on B: held",
+        "probe on A: flock busy, lockf busy, getlk write 0+10 pid 0",
+        "probe on B: flock busy, lockf busy, getlk write 0+10 pid holder",
+        "lockf waiter on A before the unlock: waiting",
+        "holder on B: unlocked",
+        "lockf waiter on A: taken within 5 s",
+        "flock waiter on A, signalled: interrupted",
+        "flock waiter on A when B's daemon dies: taken in time",
+    ]
     static let lockScript = #"""
     import fcntl, os, struct, subprocess, sys, time
     a, b, pid_b, grace = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -104,17 +115,6 @@ final class TwoMountsTests: MountTestCase {
         try mount(app: app, extra: Self.longCache, at: second)
     }
 
-    /// Poll until `check` holds (the other daemon applies the change log ten times a second and
-    /// the kernel's cache lasts a second); fail after `seconds`.
-    private func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
-                            _ check: () -> Bool) {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if check() { return }
-            usleep(20_000)
-        }
-        XCTFail("not seen through the other mount within \(seconds) s: \(what)", file: file, line: line)
-    }
 
     func testEveryKindOfChangeShowsThroughTheOtherMount() throws {
         try mount(extra: Self.longCache)
@@ -452,16 +452,7 @@ final class TwoMountsTests: MountTestCase {
             throw FixtureError("no daemon pid on the second mount")
         }
         let r = assertShell("python3 -c \(shellQuote(Self.lockScript)) \(shellQuote(a)) \(shellQuote(b)) \(pidB) 10", timeout: 90)
-        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), [
-            "holder on B: held",
-            "probe on A: flock busy, lockf busy, getlk write 0+10 pid 0",
-            "probe on B: flock busy, lockf busy, getlk write 0+10 pid holder",
-            "lockf waiter on A before the unlock: waiting",
-            "holder on B: unlocked",
-            "lockf waiter on A: taken within 5 s",
-            "flock waiter on A, signalled: interrupted",
-            "flock waiter on A when B's daemon dies: taken in time",
-        ], r.stderr)
+        XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), Self.lockScriptExpected, r.stderr)
         XCTAssertTrue(waitForExit(pidB, seconds: 10))
         if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
             _ = Command.run(["fusermount3", "-uz", second], timeout: 20)

@@ -292,6 +292,18 @@ class MountTestCase: XCTestCase {
         }
     }
 
+    /// Poll until `check` holds (another mount's change, a daemon's background work); fail after
+    /// `seconds`.
+    func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
+                    _ check: () -> Bool) {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if check() { return }
+            usleep(20_000)
+        }
+        XCTFail("not seen within \(seconds) s: \(what)", file: file, line: line)
+    }
+
     // MARK: Daemon and mount state
 
     func readDaemonPID(storeDir dir: String? = nil) -> pid_t? {

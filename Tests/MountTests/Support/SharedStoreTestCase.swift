@@ -61,15 +61,4 @@ class SharedStoreTestCase: MountTestCase {
     override func storeArguments(at mnt: String) -> [String] {
         ["--store", storeURL, "--local", localFolder(at: mnt)]
     }
-
-    /// Poll until `check` holds; fail after `seconds`.
-    func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
-                    _ check: () -> Bool) {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if check() { return }
-            usleep(20_000)
-        }
-        XCTFail("not seen within \(seconds) s: \(what)", file: file, line: line)
-    }
 }
