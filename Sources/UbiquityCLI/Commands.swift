@@ -50,6 +50,7 @@ let mountCommand = Subcommand(
         ("--local=", "shared store: this machine's folder for it (default $XDG_DATA_HOME/ubiquityfs-shared/…)"),
         ("--lock-lease=", "shared store: seconds this machine's locks outlast its last word to the server (default 15)"),
         ("--cache-size=", "shared store: most bytes of content kept on this machine, e.g. 20G (default 10G)"),
+        ("--timeout=", "shared store: seconds any call to the servers may wait before it fails (default 10)"),
         ("--app=", "mount this app's containers whole (app view) instead of the drive view"),
         ("-o=", "mount options, comma-separated: allow_other, ro, ... (repeatable)"),
         ("--foreground", "stay in the foreground and log to stderr too"),
@@ -86,6 +87,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let size = p.value("--cache-size"), !(RetentionPolicy.bytes(size).map { $0 >= UInt64(chunkSize) } ?? false) {
         throw UsageError(message: "--cache-size needs a size of at least 1M, e.g. 500M or 20G")
+    }
+    if let seconds = p.value("--timeout"), !(Double(seconds).map { $0 >= 1 && $0 <= 600 } ?? false) {
+        throw UsageError(message: "--timeout needs a number of seconds from 1 to 600")
     }
     if let seconds = p.value("--lock-lease"), !(Int(seconds).map { $0 >= 3 && $0 <= 3600 } ?? false) {
         throw UsageError(message: "--lock-lease needs a whole number of seconds from 3 to 3600")
@@ -172,7 +176,8 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let lease = p.value("--lock-lease").flatMap { Int($0) } ?? 15
     // The store may log before the log file exists (it is in the store's folder).
     let early = LogRelay()
-    do { store = try openStore(storeDir, lockLease: lease) { early.write($0) } } catch {
+    let timeout = p.value("--timeout").flatMap { Double($0) } ?? 10
+    do { store = try openStore(storeDir, lockLease: lease, timeout: timeout) { early.write($0) } } catch {
         tell("ubiquityfs mount: cannot open the store: \(error)")
         return ExitCode.failure
     }

@@ -85,11 +85,11 @@ func storeLabel(_ folder: String) -> String {
 }
 
 /// Opens the store of `folder` as a daemon does.
-func openStore(_ folder: String, lockLease: Int = 15,
+func openStore(_ folder: String, lockLease: Int = 15, timeout: Double = 10,
                log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     if let shared = sharedStore(in: folder) {
         return try openSharedStore(url: shared.url, chunks: try shared.chunks.map { (c) throws(StoreError) in try parseChunkLocation(c) },
-                                   localDirectory: folder, lockLease: lockLease,
+                                   localDirectory: folder, timeout: timeout, lockLease: lockLease,
                                    cacheLimit: shared.cacheSize ?? defaultCacheLimit, log: log)
     }
     return try openEmbeddedStore(directory: folder, log: log)

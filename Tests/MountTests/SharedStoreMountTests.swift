@@ -262,3 +262,123 @@ final class SharedStoreCacheTests: SharedStoreTestCase {
         try unmount(at: mnt)
     }
 }
+
+/// One machine cut off from the servers: machine A's daemon runs in a network namespace of the
+/// test's own, reaching the servers over a bridge (scripts/services --bridge), and the test takes
+/// its link down. What A already has keeps working, what needs the servers fails within the
+/// timeout instead of hanging, and once the link is back A catches up with what B did meanwhile.
+final class SharedStoreOfflineTests: SharedStoreTestCase {
+    private var second: String { workDir + "/mnt2" }
+    private var namespace = ""
+    private var hostEnd = ""
+    private let inside = "ubq0"
+
+    override func setUpWithError() throws {
+        try super.setUpWithError()
+        guard let bridge = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_BRIDGE"], !bridge.isEmpty else {
+            throw FixtureError("UBIQUITYFS_TEST_BRIDGE is not set: the servers must be started with scripts/services --bridge")
+        }
+        let tag = String(UInt32.random(in: 0...UInt32.max), radix: 16)
+        namespace = "ubq-" + tag
+        hostEnd = "ubqh" + tag.prefix(8)
+        let address = "10.231.0.\(Int.random(in: 10...250))/24"
+        for step in [["ip", "netns", "add", namespace],
+                     ["ip", "link", "add", hostEnd, "type", "veth", "peer", "name", inside, "netns", namespace],
+                     ["ip", "link", "set", hostEnd, "master", bridge, "up"],
+                     ["ip", "-n", namespace, "addr", "add", address, "dev", inside],
+                     ["ip", "-n", namespace, "link", "set", inside, "up"],
+                     ["ip", "-n", namespace, "link", "set", "lo", "up"]] {
+            let r = Command.run(step, timeout: 20)
+            guard r.succeeded else { throw FixtureError("\(step.joined(separator: " ")): \(r)") }
+        }
+    }
+
+    override func tearDown() {
+        super.tearDown()   // unmounts and stops the daemons first
+        if !namespace.isEmpty {
+            _ = Command.run(["ip", "link", "del", hostEnd], timeout: 20)
+            _ = Command.run(["ip", "netns", "del", namespace], timeout: 20)
+        }
+    }
+
+    /// Machine A (the first mount) runs in the namespace and reaches the servers over the bridge.
+    override func launcher(at mnt: String) -> [String] {
+        mnt == mountPoint ? ["nsenter", "--net=/run/netns/" + namespace] : []
+    }
+
+    override func storeArguments(at mnt: String) -> [String] {
+        guard mnt == mountPoint, let host = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_BRIDGE_HOST"] else {
+            return super.storeArguments(at: mnt)
+        }
+        return ["--store", storeURL.replacingOccurrences(of: "@127.0.0.1:", with: "@\(host):"),
+                "--local", localFolder(at: mnt), "--timeout", "3"]
+    }
+
+    private func link(_ state: String) {
+        let r = Command.run(["ip", "-n", namespace, "link", "set", inside, state], timeout: 20)
+        XCTAssertTrue(r.succeeded, "\(r)")
+    }
+
+    private func timed<T>(_ body: () -> T) -> (T, Double) {
+        let start = Date()
+        let result = body()
+        return (result, Date().timeIntervalSince(start))
+    }
+
+    func testACutOffMachineKeepsWhatItHasFailsFastAndCatchesUp() throws {
+        try mount(extra: TwoMountsTests.longCache)
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache, at: second)
+        let a = docs("TestDrive"), b = second + "/TestDrive"
+        XCTAssertEqual(Posix.writeFile(b + "/near.txt", "read on A before the cut\n"), 0)
+        assertShell("head -c 3000000 /dev/urandom > \(shellQuote(b + "/far.bin"))")
+        eventually("B's files on A") { Posix.readText(a + "/near.txt") == "read on A before the cut\n" && Posix.exists(a + "/far.bin") }
+
+        link("down")
+        // What A has: names, attributes, content it read.
+        XCTAssertEqual(Set(ls(a)), ["near.txt", "far.bin"])
+        XCTAssertEqual(Posix.stat(a + "/far.bin")?.st_size, 3_000_000, "true size while cut off")
+        XCTAssertEqual(Posix.readText(a + "/near.txt"), "read on A before the cut\n")
+        // Content A never had: EIO, soon, and the log names the file.
+        let (read, readTime) = timed { () -> Int32 in
+            let fd = Posix.open(a + "/far.bin", O_RDONLY)
+            guard fd >= 0 else { return errno }
+            defer { close(fd) }
+            return Posix.pread(fd, count: 4096, at: 0) == nil ? errno : 0
+        }
+        XCTAssertEqual(read, EIO)
+        XCTAssertLessThan(readTime, 15, "no hang beyond the timeout (3 s, and a retry)")
+        eventually("the log line naming the file") {
+            ((try? String(contentsOfFile: storeDir + "/ubiquityfs.log", encoding: .utf8)) ?? "").contains("TestDrive/far.bin")
+        }
+        // A change needs the servers: it fails, soon, and nothing half-done is left.
+        let (made, makeTime) = timed { Posix.writeFile(a + "/while-cut.txt", "x\n") }
+        XCTAssertTrue([EHOSTUNREACH, EIO].contains(made), "the store cannot be reached: \(Posix.describe(made))")
+        XCTAssertLessThan(makeTime, 15, "no hang beyond the timeout")
+        // B goes on meanwhile.
+        XCTAssertEqual(Posix.writeFile(b + "/from-b.txt", "made while A was cut off\n"), 0)
+
+        link("up")
+        eventually("B's change on A once the link is back", seconds: 30) {
+            Posix.readText(a + "/from-b.txt") == "made while A was cut off\n"
+        }
+        XCTAssertFalse(Posix.exists(a + "/while-cut.txt") || Posix.exists(b + "/while-cut.txt"), "the failed create left nothing")
+        XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A is back\n"), 0)
+        eventually("A's change on B") { Posix.readText(b + "/after.txt") == "A is back\n" }
+        assertShell("cmp \(shellQuote(a + "/far.bin")) \(shellQuote(b + "/far.bin"))")
+
+        // A link that drops every packet, rather than one that is down: only the timeout ends the
+        // wait, and it does.
+        let drop = ["ip", "netns", "exec", namespace, "iptables", "-I", "OUTPUT", "-o", inside, "-j", "DROP"]
+        XCTAssertTrue(Command.run(drop, timeout: 20).succeeded)
+        let (dropped, dropTime) = timed { Posix.writeFile(a + "/into-the-void.txt", "x\n") }
+        XCTAssertTrue([EHOSTUNREACH, EIO].contains(dropped), "the store cannot be reached: \(Posix.describe(dropped))")
+        XCTAssertLessThan(dropTime, 20, "the timeout (3 s) ends the wait for an answer that never comes")
+        XCTAssertTrue(Command.run(["ip", "netns", "exec", namespace, "iptables", "-D", "OUTPUT", "-o", inside, "-j", "DROP"],
+                                  timeout: 20).succeeded)
+        eventually("A works again once packets flow", seconds: 30) { Posix.writeFile(a + "/last.txt", "y\n") == 0 }
+        eventually("and B sees it") { Posix.readText(b + "/last.txt") == "y\n" }
+        try unmount(at: second)
+        try unmount()
+    }
+}

@@ -208,6 +208,9 @@ class MountTestCase: XCTestCase {
         Command.run([Self.binary] + arguments, timeout: timeout, environment: environment)
     }
 
+    /// What runs `ubiquityfs mount` for a mount at `mnt` (a test's network namespace, say).
+    func launcher(at mnt: String) -> [String] { [] }
+
     /// How a mount at `mnt` names its store (a shared store's tests give each mount its own
     /// local folder, as two machines have).
     func storeArguments(at mnt: String) -> [String] { ["--store", storeDir] }
@@ -231,7 +234,7 @@ class MountTestCase: XCTestCase {
         usedMountPoints.insert(target)
         let arguments = mountArguments(app: app, options: options, extra: extra, at: target,
                                        defaultLocations: defaultLocations)
-        let result = ubiquityfs(arguments, timeout: 60)
+        let result = Command.run(launcher(at: target) + [Self.binary] + arguments, timeout: 60, environment: environment)
         if let pid = waitForDaemonPID() { daemonPIDs.insert(pid) }
         guard result.succeeded else {
             let message = "mount failed: \(result)\n--- daemon log:\n\(daemonLogTail())"
