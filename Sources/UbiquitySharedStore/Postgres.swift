@@ -174,19 +174,39 @@ final class PGConnection {
             ckeys.forEach { free($0) }
             cvalues.forEach { free($0) }
         }
+        // Started, then driven with poll() and one deadline: PQconnectdbParams would wait
+        // connect_timeout for each address the name has. (A host name's lookup itself still
+        // blocks inside libpq; an address does not.)
         let handle = ckeys.map { UnsafePointer($0) }.withUnsafeBufferPointer { k in
             cvalues.map { UnsafePointer($0) }.withUnsafeBufferPointer { v in
-                PQconnectdbParams(k.baseAddress, v.baseAddress, 1)
+                PQconnectStartParams(k.baseAddress, v.baseAddress, 1)
             }
         }
         guard let handle else { throw unavailable("out of memory") }
-        if PQstatus(handle) != CONNECTION_OK {
+        func failed() -> StoreError {
             let message = String(cString: PQerrorMessage(handle)).trimmingCharacters(in: .whitespacesAndNewlines)
             PQfinish(handle)
             if message.contains("password authentication failed") || message.contains("no password supplied") {
-                throw StoreError(errno: EACCES, "PostgreSQL at \(redacted(target.url)) refused the login: \(message)")
+                return StoreError(errno: EACCES, "PostgreSQL at \(redacted(target.url)) refused the login: \(message)")
             }
-            throw unavailable(message)
+            return unavailable(message)
+        }
+        if PQstatus(handle) == CONNECTION_BAD { throw failed() }
+        let deadline = Date().addingTimeInterval(target.timeout)
+        var state = PGRES_POLLING_WRITING
+        while state != PGRES_POLLING_OK {
+            if state == PGRES_POLLING_FAILED { throw failed() }
+            let left = deadline.timeIntervalSinceNow
+            if left <= 0 {
+                PQfinish(handle)
+                throw unavailable("no answer within \(target.timeout) s")
+            }
+            var fds = pollfd(fd: PQsocket(handle), events: Int16(state == PGRES_POLLING_READING ? POLLIN : POLLOUT), revents: 0)
+            if poll(&fds, 1, Int32(left * 1000) + 1) < 0 && errno != EINTR {
+                PQfinish(handle)
+                throw unavailable("poll failed")
+            }
+            state = PQconnectPoll(handle)
         }
         PQsetnonblocking(handle, 1)
         conn = handle

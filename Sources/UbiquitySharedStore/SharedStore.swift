@@ -21,6 +21,16 @@ public enum ChunkLocation: Sendable, Equatable, CustomStringConvertible {
         case .s3(let location): return location.description
         }
     }
+
+    /// Whether both name the same chunks: the same database, or the same bucket and prefix
+    /// (each machine may reach that bucket through an endpoint of its own).
+    func isSamePlace(as other: ChunkLocation) -> Bool {
+        switch (self, other) {
+        case (.postgres, .postgres): return true
+        case (.s3(let a), .s3(let b)): return a.bucket == b.bucket && a.prefix == b.prefix
+        default: return false
+        }
+    }
 }
 
 /// Whether `location` names a shared store (a PostgreSQL URL) rather than a folder.
@@ -83,7 +93,7 @@ public func initSharedStore(url: String, chunks: ChunkLocation, timeout: Double 
     _ = try c.query("INSERT INTO ubiquityfs.config(key, value) VALUES('chunks', $1) ON CONFLICT (key) DO NOTHING",
                     [.text(chunks.description)])
     let recorded = try recordedChunks(c, url: url)
-    if recorded != chunks {
+    if !recorded.isSamePlace(as: chunks) {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded), not \(chunks)")
     }
     var done: [String] = []
@@ -123,11 +133,12 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     try tightenPermissions(of: localDirectory, log: log)
     let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory)
     let recorded = try recordedChunks(PGConnection(PGTarget(url: url, timeout: timeout)), url: url)
-    if let chunks, chunks != recorded {
+    if let chunks, !chunks.isSamePlace(as: recorded) {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
     }
+    // This machine's way to the chunks, when it gave one (its own endpoint of the same bucket).
     let remote: any BlobStore
-    switch recorded {
+    switch chunks ?? recorded {
     case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout)
     case .s3(let location):
         remote = try S3BlobStore(location, timeout: timeout,

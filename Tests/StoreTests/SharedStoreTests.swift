@@ -328,6 +328,16 @@ final class S3StoreTests: XCTestCase {
         XCTAssertTrue(again.contains { $0.contains("is there already") }, "\(again)")
         assertStoreError(EINVAL) { _ = try initSharedStore(url: fixture.url, chunks: .postgres) }
         assertStoreError(EINVAL) { _ = try openSharedStore(url: fixture.url, chunks: .postgres, localDirectory: fixture.local) }
+        // The same bucket through another endpoint (another name for the server) is this
+        // machine's way to it, not another place.
+        guard case .s3(var location) = fixture.chunks else { return XCTFail("not an S3 fixture") }
+        location.endpoint = location.endpoint.replacingOccurrences(of: "127.0.0.1", with: "localhost")
+        let store = try openSharedStore(url: fixture.url, chunks: .s3(location), localDirectory: fixture.local)
+        let ref = try writeBlob(store.blobs, [7, 7, 7])
+        XCTAssertEqual((store.blobs as? ChunkCache).flatMap { ($0.remote as? S3BlobStore)?.client.location.endpoint }, location.endpoint)
+        XCTAssertTrue(store.blobs.verify(ref))
+        location.bucket = "another-bucket"
+        assertStoreError(EINVAL) { _ = try openSharedStore(url: fixture.url, chunks: .s3(location), localDirectory: fixture.local) }
     }
 
     /// Many chunks list in pages, and each is read back.
