@@ -113,6 +113,13 @@ enum ControlHandler {
 
     private static func status(_ fs: UbiquityFileSystem, daemon: Bool) throws(FSError) -> [String] {
         var out: [String] = []
+        if let r = fs.storeReachability {
+            out.append(r.online ? "store: online since \(timestamp(r.since))"
+                                : "store: offline since \(timestamp(r.since)): \(r.detail)")
+            if !r.online {
+                out.append("  changes made now fail and are not queued; content on this machine reads as usual")
+            }
+        }
         if daemon {
             let pending = fs.pendingPublishes()
             out.append("pending publishes: \(pending.isEmpty ? "none" : String(pending.count))")
@@ -132,7 +139,13 @@ enum ControlHandler {
         }
         let trashed = fs.trashItems()
         out.append("Recently Deleted: \(trashed.count) item\(trashed.count == 1 ? "" : "s"), \(trashed.reduce(0) { $0 + $1.size }) bytes")
-        let recovered = try fs.recoveredVersions()
+        // What only the store knows: said to be unknown while it cannot be reached.
+        let recovered: [VersionRecord]
+        do { recovered = try fs.recoveredVersions() } catch {
+            out.append("recovered versions: unknown (\(error.message))")
+            out.append("devices: unknown")
+            return out
+        }
         out.append("recovered versions: \(recovered.isEmpty ? "none" : String(recovered.count))")
         if !recovered.isEmpty {
             var rows = [["FILE", "VERSION", "CREATED", "SIZE", "DEVICE"]]
@@ -142,7 +155,11 @@ enum ControlHandler {
             }
             out += formatTable(rows).map { "  " + $0 }
         }
-        let devices = try fs.deviceActivity()
+        let devices: [(device: String, last: Int64)]
+        do { devices = try fs.deviceActivity() } catch {
+            out.append("devices: unknown (\(error.message))")
+            return out
+        }
         out.append("devices: \(devices.isEmpty ? "none" : String(devices.count))")
         if !devices.isEmpty {
             out += formatTable([["DEVICE", "LAST CHANGE"]] + devices.map { [$0.device, timestamp($0.last)] }).map { "  " + $0 }

@@ -206,6 +206,9 @@ extension UbiquityFileSystem {
         try catchUpForKernel().invalidations
     }
 
+    /// Whether the store answers, for a store on other machines (nil: it is on this machine).
+    public var storeReachability: StoreReachability? { store.metadata.reachability() }
+
     /// Waits at most `seconds` for a sign that another writer committed (see
     /// `MetadataStore.waitForChanges`).
     public func waitForStoreChanges(_ seconds: Double) {

@@ -90,6 +90,33 @@ struct PGTarget: Sendable {
     /// The longest any call waits for the server, in seconds.
     var timeout: Double
     var applicationName: String = "ubiquityfs"
+    /// Told of every answer and every failure to get one.
+    var reachability: Reachability? = nil
+}
+
+/// Whether the servers of a shared store answer: every connection and request reports here.
+final class Reachability: @unchecked Sendable {
+    // `lock` guards `state`.
+    private let lock = NSLock()
+    private var state = StoreReachability(online: true, since: nowNanoseconds(), detail: "")
+
+    func ok() {
+        lock.lock()
+        if !state.online { state = StoreReachability(online: true, since: nowNanoseconds(), detail: "") }
+        lock.unlock()
+    }
+
+    func failed(_ why: String) {
+        lock.lock()
+        if state.online { state = StoreReachability(online: false, since: nowNanoseconds(), detail: why) } else { state.detail = why }
+        lock.unlock()
+    }
+
+    var current: StoreReachability {
+        lock.lock()
+        defer { lock.unlock() }
+        return state
+    }
 }
 
 /// Checks a store URL before anything connects with it: it must not carry a password (it would be
@@ -152,7 +179,9 @@ final class PGConnection {
     }
 
     private func unavailable(_ what: String) -> StoreError {
-        StoreError(.unavailable, "PostgreSQL at \(redacted(target.url)): \(what)")
+        let error = StoreError(.unavailable, "PostgreSQL at \(redacted(target.url)): \(what)")
+        target.reachability?.failed(error.message)
+        return error
     }
 
     /// Connects if needed.
@@ -356,6 +385,7 @@ final class PGConnection {
             }
         }
         if PQstatus(conn) != CONNECTION_OK { throw lost("the connection broke") }
+        target.reachability?.ok()
         if let failure {
             if failure.sqlState.hasPrefix("08") || failure.sqlState.hasPrefix("57P") {
                 drop()

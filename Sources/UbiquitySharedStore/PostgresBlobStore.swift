@@ -79,9 +79,14 @@ public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
     private let pool: PGPool
     private let ids: BlobIDs
 
-    public init(url: String, timeout: Double = 10, connections: Int = 4) throws(StoreError) {
+    public convenience init(url: String, timeout: Double = 10, connections: Int = 4) throws(StoreError) {
+        try self.init(url: url, timeout: timeout, connections: connections, reachability: nil)
+    }
+
+    init(url: String, timeout: Double, connections: Int, reachability: Reachability?) throws(StoreError) {
         try checkPostgresURL(url)
-        let pool = PGPool(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs chunks"), limit: connections)
+        let pool = PGPool(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs chunks", reachability: reachability),
+                          limit: connections)
         self.pool = pool
         ids = BlobIDs { (count) throws(StoreError) in try pool.with { (c) throws(StoreError) in try reserveCounter(c, "max_blob", count) } }
     }

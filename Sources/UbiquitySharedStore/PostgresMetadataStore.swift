@@ -41,12 +41,20 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     /// Connects to the store at `url` (a libpq URI without a password). `create`: make the schema
     /// if the database has none (`init-store`); otherwise a missing schema is a clear error.
-    public init(url: String, timeout: Double = 10, capacityPath: String = "/", create: Bool = false) throws(StoreError) {
+    private let reachable: Reachability
+
+    public convenience init(url: String, timeout: Double = 10, capacityPath: String = "/", create: Bool = false) throws(StoreError) {
+        try self.init(url: url, timeout: timeout, capacityPath: capacityPath, create: create, reachability: Reachability())
+    }
+
+    init(url: String, timeout: Double, capacityPath: String, create: Bool, reachability: Reachability) throws(StoreError) {
         try checkPostgresURL(url)
         self.url = url
         self.capacityPath = capacityPath
-        connection = PGConnection(PGTarget(url: url, timeout: timeout))
-        listener = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs change feed"))
+        reachable = reachability
+        connection = PGConnection(PGTarget(url: url, timeout: timeout, reachability: reachability))
+        listener = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs change feed",
+                                         reachability: reachability))
         try checkSchema(connection, url: url, create: create)
     }
 
@@ -497,6 +505,8 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         guard let live else { return true }
         return live.contains { !mine.contains($0) }
     }
+
+    public func reachability() -> StoreReachability? { reachable.current }
 
     /// Waits on the LISTEN connection. Offline, it waits out the time (the caller's reads fail
     /// and say so).

@@ -141,6 +141,7 @@ final class S3Client: @unchecked Sendable {
     let location: S3Location
     private let credentials: S3Credentials
     private let timeout: Double
+    let reachability: Reachability?
     // `condition` guards `idle` and `made`: curl handles are reused (keeping their connections)
     // but never used by two threads at once.
     private let condition = NSCondition()
@@ -148,10 +149,11 @@ final class S3Client: @unchecked Sendable {
     private var made = 0
     private let limit = 8
 
-    init(_ location: S3Location, timeout: Double) throws(StoreError) {
+    init(_ location: S3Location, timeout: Double, reachability: Reachability? = nil) throws(StoreError) {
         guard curlReady else { throw StoreError(errno: EIO, "libcurl could not be initialized") }
         self.location = location
         self.timeout = timeout
+        self.reachability = reachability
         credentials = try S3Credentials.load()
     }
 
@@ -195,17 +197,20 @@ final class S3Client: @unchecked Sendable {
             let (code, status) = once(method, url, range: range, x)
             collected = x.collected
             received = x.received
-            if code == CURLE_OK && !(500...599).contains(status) { return status }
+            if code == CURLE_OK && !(500...599).contains(status) {
+                reachability?.ok()
+                return status
+            }
             let transient = code == CURLE_OK || [CURLE_GOT_NOTHING, CURLE_SEND_ERROR, CURLE_RECV_ERROR].contains(code)
             if transient && attempt < 3 {
                 usleep(UInt32(100_000 * attempt))
                 continue
             }
-            if code != CURLE_OK {
-                let text = String(cString: curl_easy_strerror(code))
-                throw StoreError(.unavailable, "S3 \(method) \(url): \(text)")
-            }
-            throw StoreError(.unavailable, "S3 \(method) \(url): the service answered \(status)")
+            let error = code != CURLE_OK
+                ? StoreError(.unavailable, "S3 \(method) \(url): \(String(cString: curl_easy_strerror(code)))")
+                : StoreError(.unavailable, "S3 \(method) \(url): the service answered \(status)")
+            reachability?.failed(error.message)
+            throw error
         }
     }
 
@@ -283,8 +288,8 @@ public final class S3BlobStore: BlobStore, @unchecked Sendable {
     private let ids: BlobIDs
     private var keyPrefix: String { client.location.prefix.isEmpty ? "chunks/" : client.location.prefix + "/chunks/" }
 
-    init(_ location: S3Location, timeout: Double, ids: BlobIDs) throws(StoreError) {
-        client = try S3Client(location, timeout: timeout)
+    init(_ location: S3Location, timeout: Double, ids: BlobIDs, reachability: Reachability? = nil) throws(StoreError) {
+        client = try S3Client(location, timeout: timeout, reachability: reachability)
         self.ids = ids
     }
 

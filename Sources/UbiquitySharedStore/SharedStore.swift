@@ -131,7 +131,10 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
                             log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     try makeDirectories(localDirectory, mode: 0o700)
     try tightenPermissions(of: localDirectory, log: log)
-    let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory)
+    // One account of whether the servers answer, kept by every connection and request.
+    let reachability = Reachability()
+    let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory, create: false,
+                                             reachability: reachability)
     let recorded = try recordedChunks(PGConnection(PGTarget(url: url, timeout: timeout)), url: url)
     if let chunks, !chunks.isSamePlace(as: recorded) {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
@@ -139,10 +142,11 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     // This machine's way to the chunks, when it gave one (its own endpoint of the same bucket).
     let remote: any BlobStore
     switch chunks ?? recorded {
-    case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout)
+    case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout, connections: 4, reachability: reachability)
     case .s3(let location):
         remote = try S3BlobStore(location, timeout: timeout,
-                                ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) })
+                                ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) },
+                                reachability: reachability)
     }
     let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)

@@ -309,11 +309,27 @@ public protocol MetadataStore: AnyObject, Sendable {
     /// reads `changes(since:)`: a sign that is missed loses nothing. Stores with no such signs
     /// just wait, and the caller polls.
     func waitForChanges(_ seconds: Double)
+    /// Whether the store answers, for a store on other machines; nil for one on this machine.
+    func reachability() -> StoreReachability?
 }
 
 public extension MetadataStore {
     func waitForChanges(_ seconds: Double) {
         if seconds > 0 { Thread.sleep(forTimeInterval: seconds) }
+    }
+    /// A store on this machine's disk is always there.
+    func reachability() -> StoreReachability? { nil }
+}
+
+/// Whether a store on other machines answers (for `ubiquityfs status`).
+public struct StoreReachability: Sendable, Equatable {
+    public var online: Bool
+    /// Since when it has been so, in nanoseconds since the epoch.
+    public var since: Int64
+    /// Why it is not (the last failure), or "".
+    public var detail: String
+    public init(online: Bool, since: Int64, detail: String) {
+        self.online = online; self.since = since; self.detail = detail
     }
 }
 

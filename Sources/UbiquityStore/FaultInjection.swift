@@ -218,6 +218,7 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
     }
 
     public func waitForChanges(_ seconds: Double) { wrapped.waitForChanges(seconds) }
+    public func reachability() -> StoreReachability? { wrapped.reachability() }
 }
 
 public final class FaultInjectingBlobStore: BlobStore, Sendable {

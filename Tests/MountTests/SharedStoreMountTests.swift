@@ -355,6 +355,12 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         let (made, makeTime) = timed { Posix.writeFile(a + "/while-cut.txt", "x\n") }
         XCTAssertTrue([EHOSTUNREACH, EIO].contains(made), "the store cannot be reached: \(Posix.describe(made))")
         XCTAssertLessThan(makeTime, 15, "no hang beyond the timeout")
+        // `status` says so, without waiting long for the servers.
+        let (offline, statusTime) = timed { ubiquityfs(["status", mountPoint]) }
+        XCTAssertTrue(offline.succeeded, "\(offline)")
+        XCTAssertTrue(offline.stdout.hasPrefix("store: offline since "), offline.stdout)
+        XCTAssertTrue(offline.stdout.contains("recovered versions: unknown"), offline.stdout)
+        XCTAssertLessThan(statusTime, 15)
         // B goes on meanwhile.
         XCTAssertEqual(Posix.writeFile(b + "/from-b.txt", "made while A was cut off\n"), 0)
 
@@ -363,6 +369,9 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
             Posix.readText(a + "/from-b.txt") == "made while A was cut off\n"
         }
         XCTAssertFalse(Posix.exists(a + "/while-cut.txt") || Posix.exists(b + "/while-cut.txt"), "the failed create left nothing")
+        let online = ubiquityfs(["status", mountPoint])
+        XCTAssertTrue(online.stdout.hasPrefix("store: online since "), online.stdout)
+        XCTAssertTrue(online.stdout.contains("recovered versions: none"), online.stdout)
         XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A is back\n"), 0)
         eventually("A's change on B") { Posix.readText(b + "/after.txt") == "A is back\n" }
         assertShell("cmp \(shellQuote(a + "/far.bin")) \(shellQuote(b + "/far.bin"))")
