@@ -231,7 +231,10 @@ final class PGConnection {
                 throw unavailable("no answer within \(target.timeout) s")
             }
             var fds = pollfd(fd: PQsocket(handle), events: Int16(state == PGRES_POLLING_READING ? POLLIN : POLLOUT), revents: 0)
-            if poll(&fds, 1, Int32(left * 1000) + 1) < 0 && errno != EINTR {
+            let rc = poll(&fds, 1, Int32(min(left, 3600) * 1000) + 1)
+            // libpq may be asked again only once the socket is ready: it takes a call as that.
+            if rc == 0 || (rc < 0 && errno == EINTR) { continue }
+            if rc < 0 {
                 PQfinish(handle)
                 throw unavailable("poll failed")
             }

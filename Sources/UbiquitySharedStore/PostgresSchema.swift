@@ -116,6 +116,8 @@ let postgresSchemaSQL = """
         segments bytea NOT NULL,
         PRIMARY KEY(node, writer, owner, style)
     );
+    INSERT INTO ubiquityfs.config(key, value) VALUES('store_id', md5(random()::text || clock_timestamp()::text))
+        ON CONFLICT (key) DO NOTHING;
     INSERT INTO ubiquityfs.store(key, value) VALUES
         ('schema_version', \(postgresSchemaVersion)), ('seq', 0), ('max_ino', 0), ('max_version', 0),
         ('max_blob', 0), ('trimmed_through', 0)

@@ -293,6 +293,34 @@ public final class S3BlobStore: BlobStore, @unchecked Sendable {
         self.ids = ids
     }
 
+    /// The object that says which store the bucket's chunks (under the prefix) belong to.
+    private var markerKey: String { client.location.prefix.isEmpty ? "ubiquityfs-store" : client.location.prefix + "/ubiquityfs-store" }
+
+    /// The store id the marker holds; nil when there is none.
+    func readMarker() throws(StoreError) -> String? {
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 256, alignment: 1)
+        defer { buffer.deallocate() }
+        var collected: [UInt8] = []
+        var received = 0
+        let status = try client.perform("GET", client.url(markerKey), into: buffer, collected: &collected, received: &received)
+        let body = Array(UnsafeRawBufferPointer(rebasing: buffer[..<min(received, 256)]))
+        if status == 404 { return nil }
+        guard status == 200 else { throw client.fail("GET \(markerKey)", status, body) }
+        return String(decoding: body, as: UTF8.self)
+    }
+
+    func writeMarker(_ id: String) throws(StoreError) {
+        var body: [UInt8] = []
+        var n = 0
+        let bytes = Array(id.utf8)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(bytes.count, 1), alignment: 1)
+        defer { buffer.deallocate() }
+        buffer.copyBytes(from: bytes)
+        let status = try client.perform("PUT", client.url(markerKey), body: UnsafeRawBufferPointer(rebasing: buffer[..<bytes.count]),
+                                        collected: &body, received: &n)
+        guard status == 200 else { throw client.fail("PUT \(markerKey)", status, body) }
+    }
+
     func key(_ id: BlobID) -> String {
         let hex = String(id, radix: 16)
         return keyPrefix + String(repeating: "0", count: 16 - hex.count) + hex

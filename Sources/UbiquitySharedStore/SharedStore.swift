@@ -90,25 +90,49 @@ public func initSharedStore(url: String, chunks: ChunkLocation, timeout: Double 
     let c = PGConnection(PGTarget(url: url, timeout: timeout))
     let before = try schemaState(c)
     try checkSchema(c, url: url, create: true)
-    _ = try c.query("INSERT INTO ubiquityfs.config(key, value) VALUES('chunks', $1) ON CONFLICT (key) DO NOTHING",
-                    [.text(chunks.description)])
+    let fresh = try c.query("INSERT INTO ubiquityfs.config(key, value) VALUES('chunks', $1) ON CONFLICT (key) DO NOTHING",
+                            [.text(chunks.description)]).affected > 0
     let recorded = try recordedChunks(c, url: url)
     if !recorded.isSamePlace(as: chunks) {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded), not \(chunks)")
     }
     var done: [String] = []
     if case .s3(let location) = chunks {
-        let created = try S3Client(location, timeout: timeout).createBucket()
-        done.append(created ? "created the bucket \(location.bucket) at \(location.endpoint)"
-                            : "the bucket \(location.bucket) at \(location.endpoint) is there already")
+        let blobs = try S3BlobStore(location, timeout: timeout, ids: BlobIDs { _ in 0...0 })
+        let id = try storeID(c, url: url)
+        let marker = (try? blobs.readMarker()) ?? nil
+        if marker == id {
+            done.append("the bucket \(location.bucket) at \(location.endpoint) is there already")
+        } else if let marker {
+            throw StoreError(errno: EINVAL, "the bucket \(location.bucket) at \(location.endpoint) holds another store's chunks "
+                             + "(its marker says \(marker)): choose another bucket or prefix")
+        } else {
+            // A bucket (or a marker) is made only for the place this store records: not at another
+            // endpoint, which may be another service with a bucket of the same name.
+            guard fresh || recorded == chunks else {
+                throw StoreError(errno: EINVAL, "\(location.endpoint) has no bucket \(location.bucket) with this store's chunks; "
+                                 + "the store records \(recorded)")
+            }
+            let created = try blobs.client.createBucket()
+            try blobs.writeMarker(id)
+            done.append(created ? "created the bucket \(location.bucket) at \(location.endpoint)"
+                                : "the bucket \(location.bucket) at \(location.endpoint) is there already")
+        }
     }
     switch before {
     case .missing:
         done.insert("created a UbiquityFS store (schema version \(postgresSchemaVersion)) in \(redacted(url)), chunks in \(chunks)", at: 0)
     case .version(let v):
-        done.insert("\(redacted(url)) already holds a UbiquityFS store (schema version \(v)), chunks in \(chunks)", at: 0)
+        done.insert("\(redacted(url)) already holds a UbiquityFS store (schema version \(v)), chunks in \(recorded)", at: 0)
     }
     return done
+}
+
+/// The store's own id, which its bucket's marker object repeats.
+func storeID(_ c: PGConnection, url: String) throws(StoreError) -> String {
+    let r = try c.query("SELECT value FROM ubiquityfs.config WHERE key = 'store_id'")
+    guard r.count == 1 else { throw StoreError(.corrupt, "\(redacted(url)): the store has no id") }
+    return r.text(0, 0)
 }
 
 /// Where the store at `url` keeps its chunks, as `init-store` recorded it.
@@ -135,7 +159,8 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     let reachability = Reachability()
     let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory, create: false,
                                              reachability: reachability)
-    let recorded = try recordedChunks(PGConnection(PGTarget(url: url, timeout: timeout)), url: url)
+    let config = PGConnection(PGTarget(url: url, timeout: timeout, reachability: reachability))
+    let recorded = try recordedChunks(config, url: url)
     if let chunks, !chunks.isSamePlace(as: recorded) {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
     }
@@ -144,9 +169,19 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     switch chunks ?? recorded {
     case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout, connections: 4, reachability: reachability)
     case .s3(let location):
-        remote = try S3BlobStore(location, timeout: timeout,
-                                ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) },
-                                reachability: reachability)
+        let s3 = try S3BlobStore(location, timeout: timeout,
+                                 ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) },
+                                 reachability: reachability)
+        // The bucket this machine reaches must be the store's: a wrong endpoint or a service with
+        // a bucket of the same name would take chunks the other machines never find.
+        let id = try storeID(config, url: url)
+        let marker = try s3.readMarker()
+        guard marker == id else {
+            throw StoreError(errno: EINVAL, "the bucket \(location.bucket) at \(location.endpoint) "
+                             + (marker == nil ? "does not hold this store's chunks" : "holds another store's chunks")
+                             + ": check --chunks (the store records \(recorded))")
+        }
+        remote = s3
     }
     let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)

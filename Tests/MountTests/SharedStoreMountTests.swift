@@ -278,6 +278,11 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         guard let bridge = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_BRIDGE"], !bridge.isEmpty else {
             throw FixtureError("UBIQUITYFS_TEST_BRIDGE is not set: the servers must be started with scripts/services --bridge")
         }
+        // Namespaces and links an earlier run left when it was killed (one test run at a time).
+        for name in Command.run(["ip", "netns", "list"], timeout: 20).stdout.split(separator: "\n")
+            .compactMap({ $0.split(separator: " ").first.map(String.init) }) where name.hasPrefix("ubq-") {
+            _ = Command.run(["ip", "netns", "del", name], timeout: 20)
+        }
         let tag = String(UInt32.random(in: 0...UInt32.max), radix: 16)
         namespace = "ubq-" + tag
         hostEnd = "ubqh" + tag.prefix(8)
@@ -329,6 +334,9 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         try mount(extra: TwoMountsTests.longCache)
         try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
         try mount(extra: TwoMountsTests.longCache, at: second)
+        let pidA = (try? Posix.getxattr(mountPoint, "user.ubiquityfs.daemon-pid").get()) ?? "?"
+        XCTAssertEqual(Command.run(["ip", "netns", "identify", pidA], timeout: 20).stdout.trimmingCharacters(in: .whitespacesAndNewlines),
+                       namespace, "A's daemon runs in the test's namespace")
         let a = docs("TestDrive"), b = second + "/TestDrive"
         XCTAssertEqual(Posix.writeFile(b + "/near.txt", "read on A before the cut\n"), 0)
         assertShell("head -c 3000000 /dev/urandom > \(shellQuote(b + "/far.bin"))")
@@ -383,6 +391,7 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         let (dropped, dropTime) = timed { Posix.writeFile(a + "/into-the-void.txt", "x\n") }
         XCTAssertTrue([EHOSTUNREACH, EIO].contains(dropped), "the store cannot be reached: \(Posix.describe(dropped))")
         XCTAssertLessThan(dropTime, 20, "the timeout (3 s) ends the wait for an answer that never comes")
+        XCTAssertGreaterThanOrEqual(dropTime, 2.5, "it was the timeout that ended it, not another failure")
         XCTAssertTrue(Command.run(["ip", "netns", "exec", namespace, "iptables", "-D", "OUTPUT", "-o", inside, "-j", "DROP"],
                                   timeout: 20).succeeded)
         eventually("A works again once packets flow", seconds: 30) { Posix.writeFile(a + "/last.txt", "y\n") == 0 }

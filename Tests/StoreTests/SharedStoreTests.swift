@@ -96,6 +96,7 @@ final class PostgresFixture: StoreFixture {
             for id in (try? blobs.allBlobs()) ?? [] { try? blobs.delete(id) }
             var body: [UInt8] = []
             var n = 0
+            _ = try? client.perform("DELETE", client.url("ubiquityfs-store"), collected: &body, received: &n)
             _ = try? client.perform("DELETE", client.url(nil), collected: &body, received: &n)
         }
         _ = try? admin.run("DROP DATABASE IF EXISTS \(database) WITH (FORCE)", [])
@@ -338,6 +339,18 @@ final class S3StoreTests: XCTestCase {
         XCTAssertTrue(store.blobs.verify(ref))
         location.bucket = "another-bucket"
         assertStoreError(EINVAL) { _ = try openSharedStore(url: fixture.url, chunks: .s3(location), localDirectory: fixture.local) }
+        // A bucket without the store's marker (another service's bucket of that name, reached
+        // through a wrong endpoint) is refused before a chunk goes there.
+        guard let s3 = (store.blobs as? ChunkCache)?.remote as? S3BlobStore else { return XCTFail("not S3 chunks") }
+        XCTAssertNotNil(try s3.readMarker())
+        var body: [UInt8] = []
+        var n = 0
+        XCTAssertEqual(try s3.client.perform("DELETE", s3.client.url("ubiquityfs-store"), collected: &body, received: &n), 204)
+        let refused = assertStoreError(EINVAL) { _ = try openSharedStore(url: fixture.url, localDirectory: fixture.local) }
+        XCTAssertTrue(refused?.message.contains("does not hold this store's chunks") ?? false, "\(String(describing: refused))")
+        XCTAssertTrue(try initSharedStore(url: fixture.url, chunks: fixture.chunks).contains { $0.contains("is there already") },
+                      "init-store at the recorded endpoint puts the marker back")
+        XCTAssertNoThrow(try openSharedStore(url: fixture.url, localDirectory: fixture.local))
     }
 
     /// Many chunks list in pages, and each is read back.
