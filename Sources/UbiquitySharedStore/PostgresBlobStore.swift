@@ -23,7 +23,19 @@ final class PGPool: @unchecked Sendable {
         made = 0
     }
 
+    /// Runs `body` on a connection of the pool. A connection that broke while it sat idle (the
+    /// link was down a while ago, the server restarted) fails its next call though the server
+    /// answers again: that one failure is tried once more on a new connection. `body` must be
+    /// safe to run twice.
     func with<R>(_ body: (PGConnection) throws(StoreError) -> R) throws(StoreError) -> R {
+        do {
+            return try once(body)
+        } catch where error.kind == .unavailable {
+            return try once(body)
+        }
+    }
+
+    private func once<R>(_ body: (PGConnection) throws(StoreError) -> R) throws(StoreError) -> R {
         condition.lock()
         while idle.isEmpty && made >= limit { condition.wait() }
         let c: PGConnection
@@ -98,10 +110,12 @@ public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
         let checksum = contentChecksum(bytes)
         let id = try ids.take()
         try pool.with { (c) throws(StoreError) in
-            // Stamped with the server's clock, which every machine's collection shares.
+            // Stamped with the server's clock, which every machine's collection shares. Tried
+            // twice at most (see `with`): a first try that landed makes the second a no-op.
             _ = try c.query("""
                 INSERT INTO ubiquityfs.blobs(id, written, data)
                 VALUES($1, (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, $2)
+                ON CONFLICT (id) DO NOTHING
                 """, [.int(Int64(bitPattern: id)), .buffer(bytes)])
         }
         return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)

@@ -26,9 +26,14 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     private var writers: Set<String> = []
     private var renewing = false
 
-    public init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
+    public convenience init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
+        try self.init(url: url, timeout: timeout, leaseSeconds: leaseSeconds, reachability: nil)
+    }
+
+    init(url: String, timeout: Double, leaseSeconds: Int, reachability: Reachability?) throws(StoreError) {
         try checkPostgresURL(url)
-        connection = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs locks"))
+        connection = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs locks",
+                                           reachability: reachability))
         self.leaseSeconds = max(3, leaseSeconds)
     }
 

@@ -185,7 +185,7 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     }
     let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
-    let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease)
+    let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease, reachability: reachability)
     return BackingStore(metadata: metadata, blobs: cache, work: work, locks: locks,
                         durability: SharedDurability(metadata: metadata), localChunks: cache,
                         deletesChunksOfFailedCommits: false)

@@ -119,27 +119,7 @@ final class TwoMountsTests: MountTestCase {
     func testEveryKindOfChangeShowsThroughTheOtherMount() throws {
         try mount(extra: Self.longCache)
         try mountSecond()
-        let a = docs("SugoiApp"), b = second + "/SugoiApp"
-        XCTAssertEqual(ls(b), [])
-        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "from A\n"), 0)
-        eventually("a new file") { Posix.readText(b + "/Report.txt") == "from A\n" }
-        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "changed on A\n"), 0)
-        eventually("new content") { Posix.readText(b + "/Report.txt") == "changed on A\n" }
-        assertSucceeds("mkdir") { mkdir(a + "/Drafts", 0o755) }
-        eventually("a folder") { Posix.stat(b + "/Drafts").map { Posix.fileType($0) == S_IFDIR } ?? false }
-        assertSucceeds("rename") { rename(a + "/Report.txt", a + "/Drafts/Final.txt") }
-        eventually("a rename") { !Posix.exists(b + "/Report.txt") && Posix.readText(b + "/Drafts/Final.txt") == "changed on A\n" }
-        assertSucceeds("chmod") { chmod(a + "/Drafts/Final.txt", 0o600) }
-        eventually("a chmod") { Posix.stat(b + "/Drafts/Final.txt").map { $0.st_mode & 0o777 } == 0o600 }
-        assertSucceeds("setxattr") { Posix.setxattr(a + "/Drafts/Final.txt", "user.tag", "blue") }
-        eventually("an xattr") { (try? Posix.getxattr(b + "/Drafts/Final.txt", "user.tag").get()) == "blue" }
-        assertSucceeds("unlink") { unlink(a + "/Drafts/Final.txt") }
-        eventually("a delete") { !Posix.exists(b + "/Drafts/Final.txt") && ls(b + "/Drafts") == [] }
-        // And back, B to A.
-        XCTAssertEqual(Posix.writeFile(b + "/Drafts/fromB.txt", "from B\n"), 0)
-        eventually("B's file on A") { Posix.readText(a + "/Drafts/fromB.txt") == "from B\n" }
-        assertSucceeds("rmdir on B") { unlink(b + "/Drafts/fromB.txt") == 0 ? rmdir(b + "/Drafts") : -1 }
-        eventually("B's rmdir on A") { !Posix.exists(a + "/Drafts") }
+        changeEveryKind(from: docs("SugoiApp"), seenThrough: second + "/SugoiApp")
         try unmount(at: second)
         try unmount()
     }

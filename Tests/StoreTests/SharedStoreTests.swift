@@ -255,6 +255,20 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertLessThan(woke.value, 10, "woken by the commit, long before the 20 s wait ran out")
     }
 
+    /// A chunk connection the server ended while it sat idle (a server restart) costs nothing:
+    /// the next read is tried again on a new connection.
+    func testChunkReadsOutliveConnectionsTheServerEnded() throws {
+        let store = try fixture.open()
+        let ref = try writeBlob(store.blobs, Sample.bytes(5000, seed: 31))
+        store.localChunks?.evict([ref.blob])
+        let ended = try fixture.connection().query("""
+            SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+            WHERE datname = current_database() AND application_name = 'ubiquityfs chunks'
+            """)
+        XCTAssertGreaterThan(ended.int(0, 0), 0, "the pool's connections were ended")
+        XCTAssertEqual(try readBlob(store.blobs, ref.blob, count: 5000), Sample.bytes(5000, seed: 31))
+    }
+
     /// A writer whose lease ran out (a machine that died or lost its link) holds nothing; when it
     /// comes back it does not get its old locks back.
     func testLocksOfAWriterWhoseLeaseRanOutCountForNothing() throws {

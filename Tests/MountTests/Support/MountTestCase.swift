@@ -307,6 +307,36 @@ class MountTestCase: XCTestCase {
         XCTFail("not seen within \(seconds) s: \(what)", file: file, line: line)
     }
 
+    /// Every kind of change through folder `a` of one mount, each seen through folder `b` (the
+    /// same folder) of another, then back from `b` to `a`.
+    func changeEveryKind(from a: String, seenThrough b: String, file: StaticString = #filePath, line: UInt = #line) {
+        XCTAssertEqual(ls(b), [], file: file, line: line)
+        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "from A\n"), 0, file: file, line: line)
+        eventually("a new file", file: file, line: line) { Posix.readText(b + "/Report.txt") == "from A\n" }
+        XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "changed on A\n"), 0, file: file, line: line)
+        eventually("new content", file: file, line: line) { Posix.readText(b + "/Report.txt") == "changed on A\n" }
+        assertSucceeds("mkdir", file: file, line: line) { mkdir(a + "/Drafts", 0o755) }
+        eventually("a folder", file: file, line: line) { Posix.isDirectory(b + "/Drafts") }
+        assertSucceeds("rename", file: file, line: line) { rename(a + "/Report.txt", a + "/Drafts/Final.txt") }
+        eventually("a rename", file: file, line: line) {
+            !Posix.exists(b + "/Report.txt") && Posix.readText(b + "/Drafts/Final.txt") == "changed on A\n"
+        }
+        assertSucceeds("chmod", file: file, line: line) { chmod(a + "/Drafts/Final.txt", 0o600) }
+        eventually("a chmod", file: file, line: line) { Posix.stat(b + "/Drafts/Final.txt").map { $0.st_mode & 0o777 } == 0o600 }
+        assertSucceeds("setxattr", file: file, line: line) { Posix.setxattr(a + "/Drafts/Final.txt", "user.tag", "blue") }
+        eventually("an xattr", file: file, line: line) { (try? Posix.getxattr(b + "/Drafts/Final.txt", "user.tag").get()) == "blue" }
+        assertSucceeds("symlink", file: file, line: line) { symlink("Drafts/Final.txt", a + "/link") }
+        eventually("a symlink", file: file, line: line) { Posix.readlink(b + "/link") == "Drafts/Final.txt" }
+        assertSucceeds("unlink", file: file, line: line) { unlink(a + "/Drafts/Final.txt") }
+        eventually("a delete", file: file, line: line) { !Posix.exists(b + "/Drafts/Final.txt") && ls(b + "/Drafts") == [] }
+        // And back, B to A.
+        XCTAssertEqual(Posix.writeFile(b + "/Drafts/fromB.txt", "from B\n"), 0, file: file, line: line)
+        eventually("B's file on A", file: file, line: line) { Posix.readText(a + "/Drafts/fromB.txt") == "from B\n" }
+        assertSucceeds("rmdir on B", file: file, line: line) { unlink(b + "/Drafts/fromB.txt") == 0 ? rmdir(b + "/Drafts") : -1 }
+        eventually("B's rmdir on A", file: file, line: line) { !Posix.exists(a + "/Drafts") }
+        assertSucceeds("unlink of the symlink", file: file, line: line) { unlink(a + "/link") }
+    }
+
     // MARK: Daemon and mount state
 
     func readDaemonPID(storeDir dir: String? = nil) -> pid_t? {
