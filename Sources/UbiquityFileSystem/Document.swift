@@ -139,11 +139,13 @@ final class Document: @unchecked Sendable {
             let want = min(piece.count, Int(base[index].length) - within)
             // Reading to the end of a chunk: a sequential reader wants the next ones soon.
             if within + want == Int(base[index].length), let local = store.localChunks {
-                local.prefetch(base[(index + 1)..<min(index + 3, base.count)].map(\.blob))
+                local.prefetch(Array(base[(index + 1)..<min(index + 3, base.count)]))
             }
             while got < want {
                 let n: Int
                 do {
+                    // Content that lives elsewhere comes here first, checked against its checksum.
+                    try store.localChunks?.fetch(base[index])
                     n = try store.blobs.read(base[index].blob, at: within + got,
                                              into: UnsafeMutableRawBufferPointer(rebasing: piece[got..<want]))
                 } catch {

@@ -62,7 +62,7 @@ extension UbiquityFileSystem {
         let files = try filesUnder(ino)
         var bytes: UInt64 = 0
         for (file, chunks) in files {
-            do { try local.keep(chunks.filter { !$0.isHole }.map(\.blob)) } catch {
+            do { try local.keep(chunks.filter { !$0.isHole }) } catch {
                 throw FSError(error.errno, "\(displayPath(of: file) ?? "inode \(file)"): \(error.message)")
             }
             bytes += chunks.reduce(0) { $0 + UInt64($1.length) }

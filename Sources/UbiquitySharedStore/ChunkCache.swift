@@ -101,7 +101,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
                     forget(blob)
                 }
             }
-            try fetch(blob)
+            try fetch(blob, expecting: nil)
         }
         throw StoreError(errno: EIO, "chunk \(String(blob, radix: 16)) keeps disappearing from the local cache")
     }
@@ -129,15 +129,21 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         return entries[blob] != nil
     }
 
-    public func prefetch(_ blobs: [BlobID]) {
-        for blob in blobs where blob != 0 {
+    public func fetch(_ chunk: ChunkRef) throws(StoreError) {
+        if chunk.isHole || touch(chunk.blob) { return }
+        try fetch(chunk.blob, expecting: chunk)
+    }
+
+    public func prefetch(_ chunks: [ChunkRef]) {
+        for chunk in chunks where !chunk.isHole {
+            let blob = chunk.blob
             condition.lock()
             let start = entries[blob] == nil && downloads[blob] == nil && prefetching < Self.prefetchLimit
             if start { prefetching += 1 }
             condition.unlock()
             guard start else { continue }
             DispatchQueue.global(qos: .utility).async { [self] in
-                do { try fetch(blob) } catch {
+                do { try fetch(blob, expecting: chunk) } catch {
                     log("read-ahead of chunk \(String(blob, radix: 16)) failed: \(error)")
                 }
                 condition.lock()
@@ -147,15 +153,13 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         }
     }
 
-    public func keep(_ blobs: [BlobID]) throws(StoreError) {
+    public func keep(_ chunks: [ChunkRef]) throws(StoreError) {
         // Pinned first, so that fetching the others cannot evict these.
         condition.lock()
-        pinned.formUnion(blobs.filter { $0 != 0 })
+        pinned.formUnion(chunks.filter { !$0.isHole }.map(\.blob))
         condition.unlock()
         try savePinned()
-        for blob in blobs where blob != 0 {
-            if !touch(blob) { try fetch(blob) }
-        }
+        for chunk in chunks { try fetch(chunk) }
     }
 
     public func evict(_ blobs: [BlobID]) {
@@ -192,8 +196,9 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         condition.unlock()
     }
 
-    /// Downloads `blob` whole, or waits for the download another thread started.
-    private func fetch(_ blob: BlobID) throws(StoreError) {
+    /// Downloads `blob` whole, or waits for the download another thread started; with
+    /// `expecting`, a download that does not match its length and checksum is not kept.
+    private func fetch(_ blob: BlobID, expecting: ChunkRef?) throws(StoreError) {
         condition.lock()
         if entries[blob] != nil {
             condition.unlock()
@@ -219,7 +224,12 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
                 got += n
                 if n < chunkSize - (got - n) { break }
             }
-            try local.put(blob, UnsafeRawBufferPointer(rebasing: buffer[..<got]))
+            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<got])
+            if let expecting, got != Int(expecting.length) || contentChecksum(bytes) != expecting.checksum {
+                throw StoreError(.corrupt, "chunk \(String(blob, radix: 16)) as downloaded does not match its checksum "
+                                 + "(\(got) bytes, \(expecting.length) expected)")
+            }
+            try local.put(blob, bytes)
             added(blob, size: Int64(got))
         } catch {
             failure = error

@@ -375,10 +375,13 @@ public extension BlobStore {
 public protocol LocalChunks: AnyObject, Sendable {
     /// Whether `blob` can be read without the network.
     func isLocal(_ blob: BlobID) -> Bool
-    /// Fetch these in the background (read-ahead); never waits.
-    func prefetch(_ blobs: [BlobID])
-    /// Fetch these now and keep them until evicted (`ubiquityfs pin`).
-    func keep(_ blobs: [BlobID]) throws(StoreError)
+    /// Makes `chunk` local if it is not, checking what arrives against the chunk's length and
+    /// checksum (a damaged download is never kept, and fails with `.corrupt`).
+    func fetch(_ chunk: ChunkRef) throws(StoreError)
+    /// Fetch these in the background (read-ahead), checked the same way; never waits.
+    func prefetch(_ chunks: [ChunkRef])
+    /// Fetch these now (checked) and keep them until evicted (`ubiquityfs pin`).
+    func keep(_ chunks: [ChunkRef]) throws(StoreError)
     /// Drop the local copies (`ubiquityfs evict`); reading them fetches them again.
     func evict(_ blobs: [BlobID])
 }

@@ -426,7 +426,7 @@ final class ChunkCacheTests: XCTestCase {
         XCTAssertEqual(try readBlob(cache, refs[0].blob, count: 400_000), chunk(0))
         XCTAssertEqual(remote.reads.count, 1, "a cached chunk is read locally")
         // Pin chunk 1, then read 2…5: the limit (3 chunks) drops the oldest unpinned ones.
-        try cache.keep([refs[1].blob])
+        try cache.keep([refs[1]])
         for i in 2..<6 { _ = try readBlob(cache, refs[i].blob, count: 1) }
         XCTAssertLessThanOrEqual(cache.usage.bytes, 1_300_000 + 400_000, "within the limit, apart from pins")
         XCTAssertTrue(cache.isLocal(refs[1].blob), "pinned")
@@ -448,7 +448,7 @@ final class ChunkCacheTests: XCTestCase {
             ref = try writeBlob(cache, chunk(9))
             XCTAssertTrue(cache.isLocal(ref.blob), "what this machine writes, it keeps")
             let other = try writeBlob(remote, chunk(10))
-            try cache.keep([other.blob])
+            try cache.keep([other])
         }
         let again = try ChunkCache(remote: remote, directory: folder, limit: 10_000_000)
         XCTAssertTrue(again.isLocal(ref.blob))
@@ -468,12 +468,31 @@ final class ChunkCacheTests: XCTestCase {
         let remote = CountingBlobStore(makeMemoryStore().blobs)
         let refs = try (0..<6).map { try writeBlob(remote, chunk(UInt64(20 + $0))) }
         let cache = try ChunkCache(remote: remote, directory: folder, limit: Int64(chunkSize))
-        try cache.keep(refs[0..<3].map(\.blob))
+        try cache.keep(Array(refs[0..<3]))
         for r in refs[0..<3] { XCTAssertTrue(cache.isLocal(r.blob), "pinned, beyond the limit") }
         for (i, r) in refs.enumerated().dropFirst(3) {
             XCTAssertEqual(try readBlob(cache, r.blob, count: 400_000), chunk(UInt64(20 + i)))
         }
         XCTAssertEqual(remote.reads.count, 6, "each chunk downloaded once")
+    }
+
+    /// A download that does not match its checksum (a damaged transfer, a damaged object) is
+    /// refused and never kept: no read is served wrong data from the cache later.
+    func testADamagedDownloadIsNeverKept() throws {
+        let memory = makeMemoryStore().blobs
+        let ref = try writeBlob(memory, chunk(40))
+        var bad = chunk(40)
+        bad[17] ^= 0xff
+        (memory as! MemoryBlobStore).corrupt(ref.blob, with: bad)
+        let cache = try ChunkCache(remote: memory, directory: folder, limit: 10_000_000)
+        let error = assertStoreError(EIO) { try cache.fetch(ref) }
+        XCTAssertEqual(error?.kind, .corrupt)
+        XCTAssertFalse(cache.isLocal(ref.blob))
+        assertStoreError(EIO) { try cache.keep([ref]) }
+        XCTAssertFalse(cache.isLocal(ref.blob))
+        (memory as! MemoryBlobStore).corrupt(ref.blob, with: chunk(40))   // mended at the source
+        try cache.fetch(ref)
+        XCTAssertEqual(try readBlob(cache, ref.blob, count: 400_000), chunk(40))
     }
 
     /// A download that fails reports the store's error to every reader waiting for it, and a
