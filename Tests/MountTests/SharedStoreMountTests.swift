@@ -60,16 +60,12 @@ final class SharedStoreMountTests: SharedStoreTestCase {
     func testLocksHoldAcrossMachines() throws {
         try mountBoth(extra: ["--lock-lease", "3"])
         let a = docs("SugoiApp") + "/shared.db", b = second + "/SugoiApp/shared.db"
-        guard let text = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pidB = pid_t(text) else {
-            throw FixtureError("no daemon pid on the second mount")
-        }
+        let pidB = try daemonPID(of: second)
         let r = assertShell("python3 -c \(shellQuote(TwoMountsTests.lockScript)) \(shellQuote(a)) \(shellQuote(b)) \(pidB) 10",
                             timeout: 90)
         XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), TwoMountsTests.lockScriptExpected, r.stderr)
         XCTAssertTrue(waitForExit(pidB, seconds: 10))
-        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
-            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
-        }
+        clearDeadMount(second)
         try unmount()
     }
 
@@ -79,18 +75,14 @@ final class SharedStoreMountTests: SharedStoreTestCase {
     func testAKilledMachineLosesNothingItWrote() throws {
         try mountBoth()
         let a = docs("Notes"), b = second + "/Notes"
-        guard let text = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(text) else {
-            throw FixtureError("no daemon pid on the second mount")
-        }
+        let pid = try daemonPID(of: second)
         let fd = Posix.open(b + "/open.txt", O_WRONLY | O_CREAT, 0o644)
         XCTAssertEqual(Posix.write(fd, "unsaved but written"), 19)
         XCTAssertEqual(Posix.writeFile(b + "/closed.txt", "saved a moment ago\n"), 0)
         kill(pid, SIGKILL)
         XCTAssertTrue(waitForExit(pid, seconds: 10))
         close(fd)
-        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
-            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
-        }
+        clearDeadMount(second)
         XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A goes on\n"), 0)
         XCTAssertEqual(Posix.readText(a + "/after.txt"), "A goes on\n")
         try mount(extra: TwoMountsTests.longCache, at: second)

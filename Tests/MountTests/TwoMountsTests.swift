@@ -387,9 +387,7 @@ final class TwoMountsTests: MountTestCase {
         XCTAssertEqual(write(saved, "kept\n", 5), 5)
         XCTAssertEqual(fsync(saved), 0)
         close(saved)
-        guard let pidB = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(pidB) else {
-            throw FixtureError("no daemon pid on the second mount")
-        }
+        let pid = try daemonPID(of: second)
         // B is writing one file when it dies, and has just saved and closed another.
         let fd = Posix.open(b + "/open.txt", O_WRONLY | O_CREAT, 0o644)
         XCTAssertEqual(write(fd, "unsaved", 7), 7)
@@ -397,9 +395,7 @@ final class TwoMountsTests: MountTestCase {
         kill(pid, SIGKILL)
         XCTAssertTrue(waitForExit(pid, seconds: 10))
         close(fd)
-        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
-            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
-        }
+        clearDeadMount(second)
         // A never blocks or errors, and sees what B committed.
         XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A goes on\n"), 0)
         eventually("B's file on A") { Posix.readText(a + "/kept.txt") == "kept\n" }
@@ -428,15 +424,11 @@ final class TwoMountsTests: MountTestCase {
         try mount(extra: Self.longCache)
         try mountSecond()
         let a = docs("SugoiApp") + "/shared.db", b = second + "/SugoiApp/shared.db"
-        guard let text = try? Posix.getxattr(second, "user.ubiquityfs.daemon-pid").get(), let pidB = pid_t(text) else {
-            throw FixtureError("no daemon pid on the second mount")
-        }
+        let pidB = try daemonPID(of: second)
         let r = assertShell("python3 -c \(shellQuote(Self.lockScript)) \(shellQuote(a)) \(shellQuote(b)) \(pidB) 10", timeout: 90)
         XCTAssertEqual(r.stdout.split(separator: "\n").map(String.init), Self.lockScriptExpected, r.stderr)
         XCTAssertTrue(waitForExit(pidB, seconds: 10))
-        if !Command.run(["fusermount3", "-u", second], timeout: 20).succeeded {
-            _ = Command.run(["fusermount3", "-uz", second], timeout: 20)
-        }
+        clearDeadMount(second)
         try unmount()
     }
 }

@@ -337,6 +337,21 @@ class MountTestCase: XCTestCase {
         assertSucceeds("unlink of the symlink", file: file, line: line) { unlink(a + "/link") }
     }
 
+    /// The pid of the daemon serving the mount at `mnt` (its root's `user.ubiquityfs.daemon-pid`).
+    func daemonPID(of mnt: String) throws -> pid_t {
+        guard let text = try? Posix.getxattr(mnt, "user.ubiquityfs.daemon-pid").get(), let pid = pid_t(text) else {
+            throw FixtureError("no daemon pid on the mount at \(mnt)")
+        }
+        return pid
+    }
+
+    /// Clears the mount at `mnt` whose daemon is gone (lazily, if a plain unmount cannot).
+    func clearDeadMount(_ mnt: String) {
+        if !Command.run(["fusermount3", "-u", mnt], timeout: 20).succeeded {
+            _ = Command.run(["fusermount3", "-uz", mnt], timeout: 20)
+        }
+    }
+
     // MARK: Daemon and mount state
 
     func readDaemonPID(storeDir dir: String? = nil) -> pid_t? {
