@@ -347,6 +347,9 @@ final class ChangeFeed: @unchecked Sendable {
                     let (changes, watches) = try fs.catchUpForKernel()
                     if !changes.isEmpty { session.invalidate(changes) }
                     session.replay(watches)
+                    // Changes queued while the store was out of reach that another machine's
+                    // overtook; what settling them changes reaches the kernel at the next round.
+                    fs.settleQueuedChanges()
                     if failing { log("change feed: reading the store's change log works again") }
                     failing = false
                 } catch {

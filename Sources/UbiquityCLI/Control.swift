@@ -116,9 +116,16 @@ enum ControlHandler {
         if let r = fs.storeReachability {
             out.append(r.online ? "store: online since \(timestamp(r.since))"
                                 : "store: offline since \(timestamp(r.since)): \(r.detail)")
-            if !r.online {
-                out.append("  changes made now fail and are not queued; content on this machine reads as usual")
+        }
+        if let q = fs.queuedChanges {
+            if q.changes > 0 || q.chunks > 0 {
+                out.append("queued: \(q.changes) change\(q.changes == 1 ? "" : "s"), \(q.chunks) chunk\(q.chunks == 1 ? "" : "s") "
+                           + "(\(q.bytes) bytes)" + (q.since > 0 ? " since \(timestamp(q.since))" : "")
+                           + ", sent when the store answers")
+            } else {
+                out.append("queued: none")
             }
+            if q.unsettled > 0 { out.append("  \(q.unsettled) sent that another machine's changes overtook, being settled") }
         }
         if daemon {
             let pending = fs.pendingPublishes()

@@ -15,8 +15,12 @@ extension UbiquityFileSystem {
     /// If another writer changed any of that first, the commit fails with a conflict: the model
     /// catches up from the change log and stages the operation again over the fresh state, where
     /// it succeeds or fails as a local race would (`EEXIST`, `ENOENT`, `ENOTEMPTY`, …).
+    ///
+    /// `extra`: expectations beyond what the staging read (a queued batch settled as it was
+    /// made); with `retryConflicts` false a conflict is thrown (as the StoreError), not staged again.
     @discardableResult
-    func mutate<T>(_ body: (inout Staging) throws -> T) throws -> T {
+    func mutate<T>(expecting extra: [Expectation] = [], retryConflicts: Bool = true,
+                   _ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
         var deleted: [InodeNumber] = []
         let result = try commits.withLock { () throws -> T in
@@ -29,11 +33,13 @@ extension UbiquityFileSystem {
                 settleConflicts(&staging)
                 let freed = try blobsFreed(by: staging)
                 let batch = Batch(staging.mutations,
-                                  expecting: state.expectations(for: staging.mutations, unchanged: staging.unchanged),
-                                  writer: writerID)
+                                  expecting: extra + state.expectations(for: staging.mutations, unchanged: staging.unchanged),
+                                  writer: writerID, position: state.seq)
                 let seq: ChangeSeq
                 do throws(StoreError) { seq = try store.metadata.commit(batch, durable: false) } catch {
-                    guard error.kind == .conflict, attempts < Self.conflictRetries else { throw FSError(error) }
+                    guard error.kind == .conflict else { throw FSError(error) }
+                    guard retryConflicts else { throw error }   // the caller settles it another way
+                    guard attempts < Self.conflictRetries else { throw FSError(error) }
                     attempts += 1
                     try catchUpLocked()
                     continue
@@ -274,7 +280,12 @@ extension UbiquityFileSystem {
         for case .deleteNode(let ino) in staging.mutations where !movedAway.contains(ino) && state.nodes[ino]?.kind == .regular {
             do {
                 for v in try store.metadata.versions(of: ino) { freed.formUnion(v.chunks.lazy.filter { !$0.isHole }.map(\.blob)) }
-            } catch { throw FSError(error) }
+            } catch {
+                // Servers out of reach (the delete is queued): the garbage collection frees
+                // these chunks later, once no version names them.
+                if error.kind == .unavailable { continue }
+                throw FSError(error)
+            }
         }
         return freed.union(staging.prunedBlobs)
     }

@@ -142,6 +142,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         // reach the disk go back to their last whole version) as batches of its change log.
         for repair in try store.durability.begin(writer: writerID, snapshot: loaded) { log(repair) }
         try commits.withLock { try catchUpLocked() }
+        // Ids to make files with should the store's servers go out of reach later.
+        do { try store.offline?.prepare() } catch { throw FSError(error) }
         try register(containers)
         if let retention, retention != self.retention {
             try setRetention(retention)

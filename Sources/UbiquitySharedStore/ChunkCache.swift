@@ -6,8 +6,12 @@
 // recently used chunks first, except those pinned (`ubiquityfs pin`), which stay until evicted.
 // Chunks this machine writes are kept too (a file just saved is likely read again here).
 //
+// Chunks written while the servers are out of reach wait here to be uploaded (the outbox): kept
+// whatever the limit, synced to disk, uploaded before the queued batch that names them is sent.
+//
 // Layout: `<folder>/blobs/XX/<id>` (the embedded store's blob layout, so reads use the same
-// code), `<folder>/pinned` (one hex id per line). A crash can leave the index short of a file or
+// code), `<folder>/pinned` (one hex id per line), `<folder>/outbox/<id>` (an empty file per chunk
+// waiting to be uploaded). A crash can leave the index short of a file or
 // the pinned list short of a pin; the folder is scanned at start, so neither loses data.
 
 import Foundation
@@ -16,10 +20,23 @@ import UbiquityStore
 import Glibc
 #endif
 
+/// Where a cache's chunks live: a blob store that can also hand out an id first and store a
+/// chunk under it later (a chunk written while the servers are out of reach keeps its id).
+protocol RemoteChunks: BlobStore {
+    func newBlobID() throws(StoreError) -> BlobID
+    /// Reserves ids ahead now, while the servers answer.
+    func primeIDs() throws(StoreError)
+    /// Stores `bytes` as blob `id`; storing the same id again is harmless.
+    func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError)
+}
+
 public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
-    let remote: any BlobStore
+    let remote: any RemoteChunks
     private let local: LocalBlobStore
     private let pinnedPath: String
+    private let outboxPath: String
+    /// Whether the servers answer, to write straight to the outbox while they do not.
+    private let reachability: Reachability?
     /// The most bytes kept (pinned chunks may exceed it).
     public let limit: Int64
     private let log: @Sendable (String) -> Void
@@ -41,17 +58,22 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     private var total: Int64 = 0
     private var tick: UInt64 = 0
     private var pinned: Set<BlobID> = []
+    /// Chunks in the outbox, with their sizes.
+    private var outbox: [BlobID: Int64] = [:]
     private var downloads: [BlobID: Download] = [:]
     private var prefetching = 0
     private static let prefetchLimit = 4
 
-    public init(remote: any BlobStore, directory: String, limit: Int64,
-                log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
+    init(remote: any RemoteChunks, directory: String, limit: Int64, reachability: Reachability? = nil,
+         log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
         self.remote = remote
         self.limit = max(limit, Int64(chunkSize))
         self.log = log
+        self.reachability = reachability
         local = try LocalBlobStore(directory: directory, fdCacheCapacity: 256)
         pinnedPath = directory + "/pinned"
+        outboxPath = directory + "/outbox"
+        try makeDirectories(outboxPath, mode: 0o700)
         // Oldest first by modification time, so the first evictions take the oldest copies.
         var found: [(BlobID, Int64, Int64)] = []
         for id in try local.allBlobs() {
@@ -67,12 +89,20 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         if let text = try? String(contentsOfFile: pinnedPath, encoding: .utf8) {
             pinned = Set(text.split(separator: "\n").compactMap { UInt64($0, radix: 16) })
         }
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: outboxPath)) ?? [] {
+            guard let id = UInt64(name, radix: 16) else { continue }
+            guard let e = entries[id] else {
+                log("chunk \(name) waited to be uploaded but its local copy is gone; a queued change that names it fails")
+                continue
+            }
+            outbox[id] = e.size
+        }
         condition.lock()
         evictLocked()
         condition.unlock()
     }
 
-    /// Bytes and chunks held now (for `status`).
+    /// Bytes and chunks held now (for `status`); chunks waiting to be uploaded are among them.
     public var usage: (bytes: Int64, chunks: Int, pinned: Int) {
         condition.lock()
         defer { condition.unlock() }
@@ -82,10 +112,67 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     // MARK: BlobStore
 
     public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
-        let ref = try remote.write(bytes, durable: durable)
-        // Keeping a copy is a bonus: a failure here costs a download later, nothing more.
-        if (try? local.put(ref.blob, bytes)) != nil { added(ref.blob, size: Int64(bytes.count)) }
+        guard bytes.count <= chunkSize else {
+            throw StoreError(errno: EINVAL, "blob of \(bytes.count) bytes is larger than a chunk (\(chunkSize))")
+        }
+        let id = try remote.newBlobID()
+        let ref = ChunkRef(blob: id, length: UInt32(bytes.count), checksum: contentChecksum(bytes))
+        if reachability?.current.online != false {
+            do throws(StoreError) {
+                try remote.put(id, bytes)
+                // Keeping a copy is a bonus: a failure here costs a download later, nothing more.
+                if (try? local.put(id, bytes)) != nil { added(id, size: Int64(bytes.count)) }
+                return ref
+            } catch {
+                guard error.kind == .unavailable else { throw error }
+            }
+        }
+        // Out of reach: the chunk waits here, on disk before the batch naming it is queued.
+        try local.put(id, bytes)
+        try syncFile(local.path(of: id))
+        let marker = outboxPath + "/" + String(id, radix: 16)
+        let fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        if fd < 0 { throw StoreError(errno: errno, "cannot record chunk \(String(id, radix: 16)) in \(outboxPath)") }
+        close(fd)
+        try fsyncDirectory(outboxPath)
+        condition.lock()
+        outbox[id] = Int64(bytes.count)
+        condition.unlock()
+        added(id, size: Int64(bytes.count))
         return ref
+    }
+
+    /// Chunks waiting to be uploaded, and their bytes.
+    public var waiting: (chunks: Int, bytes: Int64) {
+        condition.lock()
+        defer { condition.unlock() }
+        return (outbox.count, outbox.values.reduce(0, +))
+    }
+
+    /// Uploads every chunk of the outbox (oldest id first); throws on the first that fails.
+    func uploadWaiting() throws(StoreError) {
+        condition.lock()
+        let ids = outbox.keys.sorted()
+        condition.unlock()
+        guard !ids.isEmpty else { return }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        for id in ids {
+            let n = try local.read(id, at: 0, into: buffer)
+            try remote.put(id, UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+            _ = unlink(outboxPath + "/" + String(id, radix: 16))
+            condition.lock()
+            outbox[id] = nil
+            condition.unlock()
+        }
+        log("uploaded \(ids.count) chunk\(ids.count == 1 ? "" : "s") written while the servers were out of reach")
+    }
+
+    private func syncFile(_ path: String) throws(StoreError) {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 { throw StoreError(errno: errno, "cannot open \(path) to sync it") }
+        defer { close(fd) }
+        if fsync(fd) != 0 { throw StoreError(errno: errno, "cannot sync \(path)") }
     }
 
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
@@ -109,12 +196,25 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     public func syncAll() throws(StoreError) { try remote.syncAll() }
 
     public func delete(_ blob: BlobID) throws(StoreError) {
-        try remote.delete(blob)
-        drop([blob])
+        condition.lock()
+        let waiting = outbox.removeValue(forKey: blob) != nil
+        condition.unlock()
+        if waiting {
+            // Never uploaded: the local copy is the only one.
+            _ = unlink(outboxPath + "/" + String(blob, radix: 16))
+        } else {
+            try remote.delete(blob)
+        }
+        drop([blob], evenWaiting: true)
     }
 
-    /// The store's copy is the one that counts.
-    public func verify(_ ref: ChunkRef) -> Bool { remote.verify(ref) }
+    /// The store's copy is the one that counts (this machine's, for one not uploaded yet).
+    public func verify(_ ref: ChunkRef) -> Bool {
+        condition.lock()
+        let waiting = outbox[ref.blob] != nil
+        condition.unlock()
+        return waiting ? local.verify(ref) : remote.verify(ref)
+    }
 
     public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
         try remote.allBlobs(writtenBefore: cutoff)
@@ -243,10 +343,15 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         if let failure { throw failure }
     }
 
-    /// Removes local copies (and pins) of `blobs`; one being downloaded is left to finish.
-    private func drop(_ blobs: [BlobID]) {
+    /// Removes local copies (and pins) of `blobs`, except those waiting to be uploaded; one
+    /// being downloaded is left to finish.
+    private func drop(_ blobs: [BlobID], evenWaiting: Bool = false) {
         for blob in blobs where blob != 0 {
             condition.lock()
+            if !evenWaiting && outbox[blob] != nil {
+                condition.unlock()
+                continue
+            }
             pinned.remove(blob)
             let e = entries.removeValue(forKey: blob)
             if let e { total -= e.size }
@@ -260,7 +365,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     private func evictLocked(sparing spared: BlobID = 0) {
         guard total > limit else { return }
         let target = limit / 10 * 9
-        let victims = entries.filter { !pinned.contains($0.key) && $0.key != spared }.sorted { $0.value.used < $1.value.used }
+        let victims = entries.filter { !pinned.contains($0.key) && outbox[$0.key] == nil && $0.key != spared }.sorted { $0.value.used < $1.value.used }
         for (blob, e) in victims {
             if total <= target { break }
             entries[blob] = nil

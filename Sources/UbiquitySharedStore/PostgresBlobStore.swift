@@ -56,24 +56,43 @@ final class PGPool: @unchecked Sendable {
     }
 }
 
-/// Blob ids, unique across every machine of the store: reserved from its counter in ranges.
+/// Blob ids, unique across every machine of the store: reserved from its counter in ranges, kept
+/// well ahead of use so that chunks can still be written while the servers are out of reach.
 final class BlobIDs: @unchecked Sendable {
     private let mutex = StoreMutex()
-    private var next: Int64 = 1     // guarded by mutex
-    private var last: Int64 = 0     // guarded by mutex
+    private var ranges: [Range<Int64>] = []   // guarded by mutex
     private let reserve: (Int) throws(StoreError) -> ClosedRange<Int64>
+    private let reachability: Reachability?
+    /// Ids reserved at a time, and the fewest left before reserving more.
+    static let batch = 1024, low = 256
 
-    init(reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) { self.reserve = reserve }
+    init(reachability: Reachability? = nil, reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) {
+        self.reserve = reserve
+        self.reachability = reachability
+    }
+
+    /// Reserves the first range now, while the servers answer.
+    func prime() throws(StoreError) { try mutex.withLock { () throws(StoreError) in try topUp(left: 0) } }
+
+    private func topUp(left: Int) throws(StoreError) {
+        do throws(StoreError) {
+            let r = try reserve(Self.batch)
+            ranges.append(r.lowerBound..<(r.upperBound + 1))
+        } catch {
+            // With some left, a failure to reserve more waits for the next take.
+            if left == 0 { throw error }
+        }
+    }
 
     func take() throws(StoreError) -> BlobID {
         try mutex.withLock { () throws(StoreError) -> BlobID in
-            if next > last {
-                let range = try reserve(64)
-                next = range.lowerBound
-                last = range.upperBound
-            }
-            defer { next += 1 }
-            return BlobID(bitPattern: next)
+            let left = ranges.reduce(0) { $0 + $1.count }
+            // Out of reach, the ids left are used first: asking would wait out the timeout.
+            if left == 0 || (left < Self.low && reachability?.current.online != false) { try topUp(left: left) }
+            let id = ranges[0].lowerBound
+            ranges[0] = (id + 1)..<ranges[0].upperBound
+            if ranges[0].isEmpty { ranges.removeFirst() }
+            return BlobID(bitPattern: id)
         }
     }
 }
@@ -87,7 +106,7 @@ func reserveCounter(_ c: PGConnection, _ key: String, _ count: Int) throws(Store
     return (last - Int64(count) + 1)...last
 }
 
-public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
+public final class PostgresBlobStore: RemoteChunks, @unchecked Sendable {
     private let pool: PGPool
     private let ids: BlobIDs
 
@@ -100,15 +119,22 @@ public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
         let pool = PGPool(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs chunks", reachability: reachability),
                           limit: connections)
         self.pool = pool
-        ids = BlobIDs { (count) throws(StoreError) in try pool.with { (c) throws(StoreError) in try reserveCounter(c, "max_blob", count) } }
+        ids = BlobIDs(reachability: reachability) { (count) throws(StoreError) in try pool.with { (c) throws(StoreError) in try reserveCounter(c, "max_blob", count) } }
     }
 
     public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
+        let id = try newBlobID()
+        try put(id, bytes)
+        return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: contentChecksum(bytes))
+    }
+
+    func newBlobID() throws(StoreError) -> BlobID { try ids.take() }
+    func primeIDs() throws(StoreError) { try ids.prime() }
+
+    func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
         guard bytes.count <= chunkSize else {
             throw StoreError(errno: EINVAL, "blob of \(bytes.count) bytes is larger than a chunk (\(chunkSize))")
         }
-        let checksum = contentChecksum(bytes)
-        let id = try ids.take()
         try pool.with { (c) throws(StoreError) in
             // Stamped with the server's clock, which every machine's collection shares. Tried
             // twice at most (see `with`): a first try that landed makes the second a no-op.
@@ -118,7 +144,6 @@ public final class PostgresBlobStore: BlobStore, @unchecked Sendable {
                 ON CONFLICT (id) DO NOTHING
                 """, [.int(Int64(bitPattern: id)), .buffer(bytes)])
         }
-        return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
     }
 
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {

@@ -24,6 +24,9 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     private let connection: PGConnection
     /// The writers this table has taken locks for, whose leases it renews.
     private var writers: Set<String> = []
+    /// Owners that asked for a lock on a node (each may hold one): a release by any other owner
+    /// (every close of a file) has nothing to give back, and costs no round trip.
+    private var askers: Set<String> = []
     private var renewing = false
 
     public convenience init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
@@ -93,6 +96,7 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
 
     public func set(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) throws(StoreError) -> Bool {
         let granted = try mutex.withLock { () throws(StoreError) -> Bool in
+            askers.insert(Self.key(node, owner))
             let first = writers.insert(owner.writer).inserted
             do throws(StoreError) {
                 return try connection.transaction { () throws(StoreError) -> Bool in
@@ -183,8 +187,13 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
         }
     }
 
+    private static func key(_ node: InodeNumber, _ owner: LockOwner) -> String {
+        "\(node) \(owner.writer) \(owner.id) \(owner.style == .flock ? 1 : 0)"
+    }
+
     public func release(_ node: InodeNumber, owner: LockOwner) {
         mutex.withLock {
+            guard askers.remove(Self.key(node, owner)) != nil else { return }
             // Offline, the lease's end releases it instead.
             _ = try? connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
                                       [.int(Int64(bitPattern: node)), .text(owner.writer), .int(Int64(bitPattern: owner.id)),

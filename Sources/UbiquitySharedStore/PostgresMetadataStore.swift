@@ -169,8 +169,16 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
-        try mutex.withLock { () throws(StoreError) -> ChangeSeq in
-            let token = UUID().uuidString
+        var unknown: Int32?
+        return try commit(batch, token: UUID().uuidString, unknownOutcome: &unknown)
+    }
+
+    /// Commits `batch` under `token` (the change-log row's, which tells whether it landed).
+    /// When it fails with the answer to COMMIT lost and no way yet to tell whether it landed,
+    /// `unknownOutcome` is the server process that had it (see `landed(token:backend:)`).
+    func commit(_ batch: Batch, token: String, unknownOutcome: inout Int32?) throws(StoreError) -> ChangeSeq {
+        unknownOutcome = nil
+        return try mutex.withLock { () throws(StoreError) -> ChangeSeq in
             var attempt = 0
             while true {
                 attempt += 1
@@ -191,7 +199,12 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                     if error.kind == .unavailable && committing && !batch.mutations.isEmpty {
                         // COMMIT was sent and the answer lost: did it land? Only once the server
                         // process that had it is gone can its absence be trusted.
-                        if let seq = try landed(token: token, backend: backend) { return seq }
+                        do throws(StoreError) {
+                            if let seq = try landedLocked(token: token, backend: backend) { return seq }
+                        } catch {
+                            unknownOutcome = backend
+                            throw error
+                        }
                     }
                     throw error
                 } catch {
@@ -201,10 +214,21 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    /// Whether the batch committed under `token` landed, and where (nil: it did not), once the
+    /// server process `backend` that had it is gone. Throws if that cannot be known yet.
+    func landed(token: String, backend: Int32) throws(StoreError) -> ChangeSeq? {
+        try mutex.withLock { () throws(StoreError) -> ChangeSeq? in try landedLocked(token: token, backend: backend) }
+    }
+
+    /// Whether the servers answer now (one short statement).
+    func probe() -> Bool {
+        (try? mutex.withLock { () throws(StoreError) in _ = try connection.query("SELECT 1") }) != nil
+    }
+
     /// After a lost answer to COMMIT: ends the server process that had the transaction (if it
     /// is still there), waits for it to go, then looks for the batch's token. Nil: it did not
     /// land. Throws if that cannot be known.
-    private func landed(token: String, backend: Int32) throws(StoreError) -> ChangeSeq? {
+    private func landedLocked(token: String, backend: Int32) throws(StoreError) -> ChangeSeq? {
         let deadline = Date().addingTimeInterval(connection.target.timeout)
         if backend != 0 {
             _ = try? connection.query("SELECT pg_terminate_backend($1::integer)", [.int(Int64(backend))])
@@ -497,6 +521,8 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
     /// Whether a daemon other than this process's runs on any machine (unknown counts as yes:
     /// what waits for the others to be gone waits a little longer).
     func othersPresent() -> Bool {
+        // Out of reach, asking would wait out the timeout to learn nothing.
+        if !reachable.current.online { return true }
         let mine = presenceMutex.withLock { present }
         let live: [String]? = try? mutex.withLock { () throws(StoreError) -> [String] in
             let r = try connection.query("SELECT writer FROM ubiquityfs.presence WHERE lease_until > \(Self.serverMillis)")

@@ -283,7 +283,7 @@ final class S3Client: @unchecked Sendable {
     }
 }
 
-public final class S3BlobStore: BlobStore, @unchecked Sendable {
+public final class S3BlobStore: RemoteChunks, @unchecked Sendable {
     let client: S3Client
     private let ids: BlobIDs
     private var keyPrefix: String { client.location.prefix.isEmpty ? "chunks/" : client.location.prefix + "/chunks/" }
@@ -327,11 +327,18 @@ public final class S3BlobStore: BlobStore, @unchecked Sendable {
     }
 
     public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
+        let id = try newBlobID()
+        try put(id, bytes)
+        return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: contentChecksum(bytes))
+    }
+
+    func newBlobID() throws(StoreError) -> BlobID { try ids.take() }
+    func primeIDs() throws(StoreError) { try ids.prime() }
+
+    func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
         guard bytes.count <= chunkSize else {
             throw StoreError(errno: EINVAL, "blob of \(bytes.count) bytes is larger than a chunk (\(chunkSize))")
         }
-        let checksum = contentChecksum(bytes)
-        let id = try ids.take()
         var body: [UInt8] = []
         var n = 0
         // An empty chunk still needs a body pointer for the read callback's arithmetic.
@@ -340,7 +347,6 @@ public final class S3BlobStore: BlobStore, @unchecked Sendable {
                                collected: &body, received: &n)
         }
         guard status == 200 else { throw client.fail("PUT chunk \(key(id))", status, body) }
-        return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
     }
 
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {

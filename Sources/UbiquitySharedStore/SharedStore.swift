@@ -1,6 +1,7 @@
 // Opening the shared store: metadata, change log and locks on PostgreSQL; content chunks in
-// PostgreSQL (`bytea`) or, later, an S3-compatible object store; working copies in a local folder
-// of this machine (they are one writer's own, as in the embedded store).
+// PostgreSQL (`bytea`) or an S3-compatible object store; working copies, cached chunks and the
+// queue of changes made while the servers are out of reach in a local folder of this machine
+// (they are one writer's own, as in the embedded store).
 
 import Foundation
 import UbiquityStore
@@ -165,12 +166,14 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
     }
     // This machine's way to the chunks, when it gave one (its own endpoint of the same bucket).
-    let remote: any BlobStore
+    let remote: any RemoteChunks
     switch chunks ?? recorded {
     case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout, connections: 4, reachability: reachability)
     case .s3(let location):
         let s3 = try S3BlobStore(location, timeout: timeout,
-                                 ids: BlobIDs { (count) throws(StoreError) in try metadata.reserveBlobs(count) },
+                                 ids: BlobIDs(reachability: reachability) { (count) throws(StoreError) in
+                                     try metadata.reserveBlobs(count)
+                                 },
                                  reachability: reachability)
         // The bucket this machine reaches must be the store's: a wrong endpoint or a service with
         // a bucket of the same name would take chunks the other machines never find.
@@ -183,10 +186,12 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
         }
         remote = s3
     }
-    let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit, log: log)
+    let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit,
+                               reachability: reachability, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
     let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease, reachability: reachability)
-    return BackingStore(metadata: metadata, blobs: cache, work: work, locks: locks,
+    let journal = try JournalingMetadataStore(inner: metadata, cache: cache, folder: localDirectory + "/queue", log: log)
+    return BackingStore(metadata: journal, blobs: cache, work: work, locks: locks,
                         durability: SharedDurability(metadata: metadata), localChunks: cache,
-                        deletesChunksOfFailedCommits: false)
+                        deletesChunksOfFailedCommits: false, offline: journal)
 }

@@ -92,9 +92,55 @@ public struct Batch: Sendable, Equatable {
     public var expectations: [Expectation]
     /// The writer (a daemon on a device), as the change log records it.
     public var writer: String
-    public init(_ mutations: [Mutation], expecting expectations: [Expectation] = [], writer: String = "") {
-        self.mutations = mutations; self.expectations = expectations; self.writer = writer
+    /// The change-log position of the state the batch was staged over (0: not said). A store
+    /// that queues batches while its servers are out of reach numbers them on from there.
+    public var position: ChangeSeq
+    public init(_ mutations: [Mutation], expecting expectations: [Expectation] = [], writer: String = "",
+                position: ChangeSeq = 0) {
+        self.mutations = mutations; self.expectations = expectations; self.writer = writer; self.position = position
     }
+}
+
+/// A batch a store queued while its servers were out of reach and could not apply as it was
+/// once they answered (what it expected no longer held): the model settles it over the state
+/// of now, keeping what the user wrote.
+public struct QueuedBatch: Sendable, Equatable {
+    public var id: UInt64
+    /// Its expectations name change-log positions of now.
+    public var batch: Batch
+    public init(id: UInt64, batch: Batch) { self.id = id; self.batch = batch }
+}
+
+/// What a store holds queued on this machine for servers that do not answer.
+public struct QueueState: Sendable, Equatable {
+    /// Batches waiting to be sent.
+    public var changes: Int
+    /// Content chunks waiting to be uploaded, and their bytes.
+    public var chunks: Int
+    public var bytes: Int64
+    /// When the oldest waiting batch was made (nanoseconds since the epoch; 0: none waits).
+    public var since: Int64
+    /// Batches sent that wait for the model to settle them (`OfflineQueue.nextUnsettled`).
+    public var unsettled: Int
+    public init(changes: Int = 0, chunks: Int = 0, bytes: Int64 = 0, since: Int64 = 0, unsettled: Int = 0) {
+        self.changes = changes; self.chunks = chunks; self.bytes = bytes; self.since = since; self.unsettled = unsettled
+    }
+}
+
+/// A store that keeps working while its servers are out of reach: it queues batches durably
+/// on this machine, sends them in order once the servers answer, and hands the model those
+/// whose expectations no longer held then.
+public protocol OfflineQueue: AnyObject, Sendable {
+    /// Reserves ids ahead (inodes, versions, chunks) while the servers answer, so that files can
+    /// be made and written once they do not. A daemon calls this as it starts.
+    func prepare() throws(StoreError)
+    var queued: QueueState { get }
+    /// The oldest batch the model has to settle, nil when there is none (or the store must be
+    /// loaded again first).
+    func nextUnsettled() -> QueuedBatch?
+    /// `id` is settled, at change-log position `seq` (nil: nothing of it was committed), so
+    /// later batches that expected its position expect that one.
+    func settled(_ id: UInt64, at seq: ChangeSeq?) throws(StoreError)
 }
 
 /// A committed batch, as the change log returns it.
@@ -466,6 +512,9 @@ public struct BackingStore: Sendable {
     public var durability: any Durability
     /// This machine's copies of chunks that live elsewhere; nil when every chunk is local.
     public var localChunks: (any LocalChunks)?
+    /// The queue of changes made while the store's servers were out of reach; nil for a store
+    /// on this machine.
+    public var offline: (any OfflineQueue)?
     /// Whether chunks written for a commit that failed may be deleted at once. False for a
     /// store where a commit's outcome can be unknown (a server's answer lost on the way): the
     /// commit may have landed, so its chunks are left to garbage collection, which frees them
@@ -475,8 +524,9 @@ public struct BackingStore: Sendable {
     /// a store whose commits are durable on their own passes its own.
     public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable,
                 durability: (any Durability)? = nil, localChunks: (any LocalChunks)? = nil,
-                deletesChunksOfFailedCommits: Bool = true) {
+                deletesChunksOfFailedCommits: Bool = true, offline: (any OfflineQueue)? = nil) {
         self.metadata = metadata; self.blobs = blobs; self.work = work; self.locks = locks
+        self.offline = offline
         self.durability = durability ?? LocalDurability(metadata: metadata, blobs: blobs, work: work)
         self.localChunks = localChunks
         self.deletesChunksOfFailedCommits = deletesChunksOfFailedCommits

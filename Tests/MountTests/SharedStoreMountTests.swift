@@ -301,7 +301,7 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         return (result, Date().timeIntervalSince(start))
     }
 
-    func testACutOffMachineKeepsWhatItHasFailsFastAndCatchesUp() throws {
+    func testACutOffMachineKeepsWorkingQueuesItsChangesAndCatchesUp() throws {
         try mount(extra: TwoMountsTests.longCache)
         try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
         try mount(extra: TwoMountsTests.longCache, at: second)
@@ -330,43 +330,72 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         eventually("the log line naming the file") {
             ((try? String(contentsOfFile: storeDir + "/ubiquityfs.log", encoding: .utf8)) ?? "").contains("TestDrive/far.bin")
         }
-        // A change needs the servers: it fails, soon, and nothing half-done is left.
-        let (made, makeTime) = timed { Posix.writeFile(a + "/while-cut.txt", "x\n") }
-        XCTAssertTrue([EHOSTUNREACH, EIO].contains(made), "the store cannot be reached: \(Posix.describe(made))")
+        // Changes are queued on A, at once (the link is down), and read back as made.
+        let (made, makeTime) = timed { Posix.writeFile(a + "/while-cut.txt", "made while cut off\n") }
+        XCTAssertEqual(made, 0, "queued: \(Posix.describe(made))")
         XCTAssertLessThan(makeTime, 15, "no hang beyond the timeout")
-        // `status` says so, without waiting long for the servers.
+        XCTAssertEqual(Posix.readText(a + "/while-cut.txt"), "made while cut off\n")
+        let notesA = docs("Notes"), notesB = second + "/Notes"
+        assertShell("mkdir \(shellQuote(notesA + "/Offline")) && printf 'inside\\n' > \(shellQuote(notesA + "/Offline/inner.txt"))")
+        XCTAssertEqual(Posix.writeFile(a + "/near.txt", "A's edit while cut off\n"), 0)
+        XCTAssertEqual(Posix.writeFile(a + "/both.txt", "A's both.txt\n"), 0)
+        XCTAssertEqual(Posix.readText(notesA + "/Offline/inner.txt"), "inside\n")
+        // `status` says so, and what is queued, without waiting long for the servers.
         let (offline, statusTime) = timed { ubiquityfs(["status", mountPoint]) }
         XCTAssertTrue(offline.succeeded, "\(offline)")
         XCTAssertTrue(offline.stdout.hasPrefix("store: offline since "), offline.stdout)
+        XCTAssertNotNil(offline.stdout.range(of: #"queued: [1-9][0-9]* changes, [1-9][0-9]* chunks"#, options: .regularExpression),
+                        offline.stdout)
         XCTAssertTrue(offline.stdout.contains("recovered versions: unknown"), offline.stdout)
         XCTAssertLessThan(statusTime, 15)
-        // B goes on meanwhile.
+        // B goes on meanwhile, editing a file A edits too and making a name A makes too.
         XCTAssertEqual(Posix.writeFile(b + "/from-b.txt", "made while A was cut off\n"), 0)
+        XCTAssertEqual(Posix.writeFile(b + "/near.txt", "B's edit while A was cut off\n"), 0)
+        XCTAssertEqual(Posix.writeFile(b + "/both.txt", "B's both.txt\n"), 0)
+        XCTAssertFalse(Posix.exists(b + "/while-cut.txt"), "A's queued change is not on the servers yet")
 
         link("up")
         eventually("B's change on A once the link is back", seconds: 30) {
             Posix.readText(a + "/from-b.txt") == "made while A was cut off\n"
         }
-        XCTAssertFalse(Posix.exists(a + "/while-cut.txt") || Posix.exists(b + "/while-cut.txt"), "the failed create left nothing")
+        // A's queued changes land, in order; where B changed the same things first, both are kept.
+        for (m, notes) in [(a, notesA), (b, notesB)] {
+            eventually("A's queued changes in \(m)", seconds: 30) {
+                Posix.readText(m + "/while-cut.txt") == "made while cut off\n" && Posix.readText(notes + "/Offline/inner.txt") == "inside\n"
+                    && Posix.readText(m + "/both 2.txt") == "A's both.txt\n"
+                    && ls(m).contains { $0.hasPrefix("near (conflict from ") }
+            }
+            XCTAssertEqual(Posix.readText(m + "/both.txt"), "B's both.txt\n", "B's came first and stays")
+            XCTAssertEqual(Posix.readText(m + "/near.txt"), "B's edit while A was cut off\n", "B's came first and stays current")
+            let copy = try XCTUnwrap(ls(m).first { $0.hasPrefix("near (conflict from ") })
+            XCTAssertEqual(Posix.readText(m + "/" + copy), "A's edit while cut off\n", "A's edit is kept beside it")
+        }
         let online = ubiquityfs(["status", mountPoint])
         XCTAssertTrue(online.stdout.hasPrefix("store: online since "), online.stdout)
+        XCTAssertTrue(online.stdout.contains("queued: none"), online.stdout)
         XCTAssertTrue(online.stdout.contains("recovered versions: none"), online.stdout)
         XCTAssertEqual(Posix.writeFile(a + "/after.txt", "A is back\n"), 0)
         eventually("A's change on B") { Posix.readText(b + "/after.txt") == "A is back\n" }
         assertShell("cmp \(shellQuote(a + "/far.bin")) \(shellQuote(b + "/far.bin"))")
 
-        // A link that drops every packet, rather than one that is down: only the timeout ends the
-        // wait, and it does.
+        // A link that drops every packet, rather than one that is down: the first change waits
+        // out the timeout (3 s) and is queued; the next ones queue at once.
         let drop = ["ip", "netns", "exec", namespace, "iptables", "-I", "OUTPUT", "-o", inside, "-j", "DROP"]
         XCTAssertTrue(Command.run(drop, timeout: 20).succeeded)
         let (dropped, dropTime) = timed { Posix.writeFile(a + "/into-the-void.txt", "x\n") }
-        XCTAssertTrue([EHOSTUNREACH, EIO].contains(dropped), "the store cannot be reached: \(Posix.describe(dropped))")
+        XCTAssertEqual(dropped, 0, "queued: \(Posix.describe(dropped))")
         XCTAssertLessThan(dropTime, 20, "the timeout (3 s) ends the wait for an answer that never comes")
         XCTAssertGreaterThanOrEqual(dropTime, 2.5, "it was the timeout that ended it, not another failure")
+        let (next, nextTime) = timed { Posix.writeFile(a + "/next.txt", "y\n") }
+        XCTAssertEqual(next, 0)
+        XCTAssertLessThan(nextTime, 2.5, "behind a queued change, no wait for the servers")
         XCTAssertTrue(Command.run(["ip", "netns", "exec", namespace, "iptables", "-D", "OUTPUT", "-o", inside, "-j", "DROP"],
                                   timeout: 20).succeeded)
-        eventually("A works again once packets flow", seconds: 30) { Posix.writeFile(a + "/last.txt", "y\n") == 0 }
-        eventually("and B sees it") { Posix.readText(b + "/last.txt") == "y\n" }
+        eventually("A's queued changes on B once packets flow", seconds: 30) {
+            Posix.readText(b + "/into-the-void.txt") == "x\n" && Posix.readText(b + "/next.txt") == "y\n"
+        }
+        XCTAssertEqual(Posix.writeFile(a + "/last.txt", "z\n"), 0)
+        eventually("and B sees a change made after") { Posix.readText(b + "/last.txt") == "z\n" }
         try unmount(at: second)
         try unmount()
     }

@@ -380,6 +380,31 @@ final class S3StoreTests: XCTestCase {
 private func chunk(_ seed: UInt64, size: Int = 400_000) -> [UInt8] { Sample.bytes(size, seed: seed) }
 
 /// A blob store that counts reads (downloads, for the cache above it).
+/// A blob store as the chunk cache's remote: ids handed out first are mapped to the ids the
+/// store gives the chunk when it is put.
+final class AsRemote: RemoteChunks, @unchecked Sendable {
+    let base: any BlobStore
+    private let lock = NSLock()
+    private var next: BlobID = 1 << 40
+    private var ids: [BlobID: BlobID] = [:]
+    init(_ base: any BlobStore) { self.base = base }
+    private func mapped(_ id: BlobID) -> BlobID { lock.withLock { ids[id] ?? id } }
+    func newBlobID() throws(StoreError) -> BlobID { lock.withLock { next += 1; return next } }
+    func primeIDs() throws(StoreError) {}
+    func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
+        let ref = try base.write(bytes, durable: true)
+        lock.withLock { ids[id] = ref.blob }
+    }
+    func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef { try base.write(bytes, durable: durable) }
+    func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
+        try base.read(mapped(blob), at: offset, into: buffer)
+    }
+    func syncAll() throws(StoreError) { try base.syncAll() }
+    func delete(_ blob: BlobID) throws(StoreError) { try base.delete(mapped(blob)) }
+    func verify(_ ref: ChunkRef) -> Bool { var r = ref; r.blob = mapped(ref.blob); return base.verify(r) }
+    func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] { try base.allBlobs(writtenBefore: cutoff) }
+}
+
 final class CountingBlobStore: BlobStore, @unchecked Sendable {
     let wrapped: any BlobStore
     let reads = Counter()
@@ -415,7 +440,7 @@ final class ChunkCacheTests: XCTestCase {
         let remote = CountingBlobStore(memory)
         // Written elsewhere (straight to the remote): nothing local yet.
         let refs = try (0..<6).map { try writeBlob(remote, chunk(UInt64($0))) }
-        let cache = try ChunkCache(remote: remote, directory: folder, limit: 1_300_000)
+        let cache = try ChunkCache(remote: AsRemote(remote), directory: folder, limit: 1_300_000)
         XCTAssertFalse(cache.isLocal(refs[0].blob))
         // Eight threads read the same chunk at once: one download.
         DispatchQueue.concurrentPerform(iterations: 8) { _ in
@@ -442,15 +467,16 @@ final class ChunkCacheTests: XCTestCase {
 
     func testWritesAreKeptAndTheCacheSurvivesARestart() throws {
         let remote = CountingBlobStore(makeMemoryStore().blobs)
+        let shared = AsRemote(remote)
         var ref: ChunkRef
         do {
-            let cache = try ChunkCache(remote: remote, directory: folder, limit: 10_000_000)
+            let cache = try ChunkCache(remote: shared, directory: folder, limit: 10_000_000)
             ref = try writeBlob(cache, chunk(9))
             XCTAssertTrue(cache.isLocal(ref.blob), "what this machine writes, it keeps")
             let other = try writeBlob(remote, chunk(10))
             try cache.keep([other])
         }
-        let again = try ChunkCache(remote: remote, directory: folder, limit: 10_000_000)
+        let again = try ChunkCache(remote: shared, directory: folder, limit: 10_000_000)
         XCTAssertTrue(again.isLocal(ref.blob))
         XCTAssertEqual(again.usage.chunks, 2)
         XCTAssertEqual(again.usage.pinned, 1)
@@ -467,7 +493,7 @@ final class ChunkCacheTests: XCTestCase {
     func testPinsFillingTheCacheStillLeaveReadsWorking() throws {
         let remote = CountingBlobStore(makeMemoryStore().blobs)
         let refs = try (0..<6).map { try writeBlob(remote, chunk(UInt64(20 + $0))) }
-        let cache = try ChunkCache(remote: remote, directory: folder, limit: Int64(chunkSize))
+        let cache = try ChunkCache(remote: AsRemote(remote), directory: folder, limit: Int64(chunkSize))
         try cache.keep(Array(refs[0..<3]))
         for r in refs[0..<3] { XCTAssertTrue(cache.isLocal(r.blob), "pinned, beyond the limit") }
         for (i, r) in refs.enumerated().dropFirst(3) {
@@ -484,7 +510,7 @@ final class ChunkCacheTests: XCTestCase {
         var bad = chunk(40)
         bad[17] ^= 0xff
         (memory as! MemoryBlobStore).corrupt(ref.blob, with: bad)
-        let cache = try ChunkCache(remote: memory, directory: folder, limit: 10_000_000)
+        let cache = try ChunkCache(remote: AsRemote(memory), directory: folder, limit: 10_000_000)
         let error = assertStoreError(EIO) { try cache.fetch(ref) }
         XCTAssertEqual(error?.kind, .corrupt)
         XCTAssertFalse(cache.isLocal(ref.blob))
@@ -501,7 +527,7 @@ final class ChunkCacheTests: XCTestCase {
         let plan = FaultPlan()
         let memory = makeMemoryStore().blobs
         let ref = try writeBlob(memory, chunk(3))
-        let cache = try ChunkCache(remote: FaultInjectingBlobStore(memory, plan: plan), directory: folder, limit: 10_000_000)
+        let cache = try ChunkCache(remote: AsRemote(FaultInjectingBlobStore(memory, plan: plan)), directory: folder, limit: 10_000_000)
         plan.fail(.blobRead, errno: EHOSTUNREACH)
         assertStoreError(EHOSTUNREACH) { try readBlob(cache, ref.blob, count: 1) }
         XCTAssertFalse(cache.isLocal(ref.blob))

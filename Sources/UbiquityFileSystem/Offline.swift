@@ -1,0 +1,192 @@
+// Changes a shared store queued while its servers were out of reach, and could not send as they
+// were made because another machine changed what they read: settled here over the state of now,
+// keeping what the user wrote beside what the other machine did, never over it.
+//
+// Each such batch is first tried again as it was (an earlier queued batch may have been settled
+// in a way that makes it hold). If it still does not hold, it is staged again, part by part:
+// - items it made are placed where it made them, under a free name if the name was taken
+//   (`Notes 2.txt`), in the container's Documents folder if their folder is gone;
+// - content it published becomes the current version if nothing changed the file meanwhile,
+//   else a conflict version with its copy beside the file, as a publish on a stale base does
+//   online; a file deleted meanwhile comes back from Recently Deleted with it;
+// - attributes and extended attributes of a file nothing changed meanwhile are applied;
+// - the rest (renames, deletes, links, settings over what another machine changed) is dropped
+//   with a line in the log: the other machine's change stands, and no content is lost by that.
+
+import Foundation
+import UbiquityStore
+
+extension UbiquityFileSystem {
+    /// What the store holds queued on this machine (nil: a store on this machine's disk).
+    public var queuedChanges: QueueState? { store.offline?.queued }
+
+    /// Settles every batch the store hands over (see above). The change feed calls this after
+    /// each catch-up; a failure (servers gone again) leaves the rest for the next call.
+    public func settleQueuedChanges() {
+        guard let queue = store.offline else { return }
+        while let q = queue.nextUnsettled() {
+            do {
+                let seq = try settle(q.batch)
+                do { try queue.settled(q.id, at: seq) } catch { throw FSError(error) }
+            } catch {
+                log("settling a change made while the store was out of reach failed; tried again later: \(error)")
+                return
+            }
+        }
+    }
+
+    /// Returns the position its nodes were committed at (nil: nothing of it was).
+    func settle(_ batch: Batch) throws -> ChangeSeq? {
+        var first: InodeNumber?
+        for case .putNode(let n) in batch.mutations { first = n.ino; break }
+        let position = { [self] () -> ChangeSeq? in ns.read { first.flatMap { state.nodeChanges[$0] } } }
+        do {
+            try mutate(expecting: batch.expectations, retryConflicts: false) { s in
+                for m in batch.mutations {
+                    if case .putNode(let n) = m { s.put(n) } else { s.add(m) }
+                }
+            }
+            return position() ?? ns.read { state.seq }
+        } catch let e as StoreError where e.kind == .conflict {
+            // Staged again below.
+        }
+        var copies: [Conflict] = []
+        var restore: [InodeNumber] = []
+        var notes: [String] = []
+        try mutate { s in
+            copies = []; restore = []; notes = []
+            salvage(batch, into: &s, copies: &copies, restore: &restore, notes: &notes)
+        }
+        for n in notes { log(n) }
+        for ino in restore {
+            do { _ = try restoreFromTrash(ino, withChildren: false) } catch {
+                log("inode \(ino) was deleted elsewhere while edited offline here; it stays in Recently Deleted: \(error)")
+            }
+        }
+        for c in copies { makeConflictCopy(c) }
+        return position()
+    }
+
+    /// Stages what of `batch` can be kept over the state of now (see the top of this file).
+    /// Caller holds commits (inside `mutate`).
+    func salvage(_ batch: Batch, into s: inout Staging, copies: inout [Conflict], restore: inout [InodeNumber],
+                 notes: inout [String]) {
+        let now = state
+        func unchanged(_ ino: InodeNumber) -> Bool {
+            batch.expectations.contains { e in
+                if case .nodeAt(let i, let c) = e { return i == ino && now.nodes[ino] != nil && now.nodeChanges[ino] == c }
+                return false
+            }
+        }
+        var last: [InodeNumber: NodeRecord] = [:]
+        var deleted: Set<InodeNumber> = []
+        var published: [InodeNumber: VersionRecord] = [:]
+        for m in batch.mutations {
+            switch m {
+            case .putNode(let n): last[n.ino] = n
+            case .deleteNode(let ino): deleted.insert(ino)
+            case .putVersion(let v): published[v.ino] = v
+            default: break
+            }
+        }
+        let made = Set(last.keys.filter { now.nodes[$0] == nil && !deleted.contains($0) })
+        var placed: Set<InodeNumber> = []
+        var staged: [InodeNumber: Set<[UInt8]>] = [:]
+        var dropped: [String] = []
+        func place(_ n: NodeRecord, asked parent: InodeNumber, name asked: [UInt8]) {
+            var folder = parent
+            if s.node(folder)?.kind != .directory {
+                guard let c = now.containers[n.container], let docs = policy.documentsIno(c, in: now) else {
+                    dropped.append("inode \(n.ino) (its folder and container are gone)")
+                    return
+                }
+                folder = docs
+            }
+            let name = freeName(asked) { now.children[folder]?[$0] != nil || staged[folder]?.contains($0) == true }
+            staged[folder, default: []].insert(name)
+            if !placed.contains(n.ino) { s.put(n); placed.insert(n.ino) }
+            s.add(.putDirent(DirentRecord(parent: folder, name: name, child: n.ino)))
+            // The kernel saw these names as they were before the store was loaded again.
+            pendingInvalidations += [.entry(parent: folder, name: name), .entry(parent: parent, name: asked), .node(folder)]
+            if !made.contains(folder), var p = s.node(folder) {
+                p.mtime = max(p.mtime, n.ctime)
+                p.ctime = max(p.ctime, n.ctime)
+                if n.kind == .directory { p.nlink += 1 }
+                s.put(p)
+            }
+            if folder != parent || name != asked {
+                notes.append("\(String(decoding: asked, as: UTF8.self)), made while the store was out of reach, is kept as "
+                             + "\(String(decoding: name, as: UTF8.self))"
+                             + (folder != parent ? " in its container's Documents folder (its folder is gone)" : " (the name was taken)"))
+            }
+        }
+        // Items the batch made, in the order it named them.
+        for case .putDirent(let d) in batch.mutations where made.contains(d.child) {
+            if let n = last[d.child] { place(n, asked: d.parent, name: d.name) }
+        }
+        for m in batch.mutations {
+            switch m {
+            case .putDirent(let d) where made.contains(d.child): break
+            case .putNode(let n) where made.contains(n.ino): break
+            case .putVersion(let v) where made.contains(v.ino):
+                if placed.contains(v.ino) { s.add(m) }
+            case .putVersion(var v):
+                let publishes = last[v.ino]?.currentVersion == v.id
+                if var n = s.node(v.ino) {
+                    pendingInvalidations.append(.node(v.ino))
+                    pendingRebases.insert(v.ino)
+                    if publishes && unchanged(v.ino) {
+                        s.add(m)
+                        if let ours = last[v.ino] {
+                            n.currentVersion = v.id
+                            n.size = ours.size
+                            n.mtime = max(n.mtime, ours.mtime)
+                            n.ctime = max(n.ctime, ours.ctime)
+                        }
+                        s.put(n)
+                    } else if publishes {
+                        v.origin = .conflict
+                        s.add(.putVersion(v))
+                        let c = Conflict(version: v.id, file: v.ino)
+                        s.add(.setMeta(key: c.key, value: c.value))
+                        copies.append(c)
+                        if now.trashed[v.ino] != nil { restore.append(v.ino) }
+                        notes.append("inode \(v.ino) changed elsewhere while edited here out of reach of the store; "
+                                     + "the edit is kept as conflict version \(v.id)")
+                    } else {
+                        s.add(m)   // a version beside the current one
+                    }
+                } else if var n = last[v.ino] {
+                    // Gone for good elsewhere: the edit comes back as a file of its own.
+                    n.nlink = 1
+                    let docs = now.containers[n.container].flatMap { policy.documentsIno($0, in: now) } ?? 0
+                    place(n, asked: docs, name: Array("Recovered file \(v.ino)".utf8))
+                    if placed.contains(v.ino) { s.add(m) } else { dropped.append("version \(v.id) of inode \(v.ino)") }
+                } else {
+                    dropped.append("version \(v.id) of inode \(v.ino) (the file is gone)")
+                }
+            case .putNode(let n):
+                if published[n.ino] != nil { break }   // with its content, above
+                if n.kind != .directory, s.node(n.ino) != nil, unchanged(n.ino) { s.put(n) }
+                else if n.kind != .directory { dropped.append("attributes of inode \(n.ino)") }
+            case .putXattr(let x):
+                if placed.contains(x.ino) || (s.node(x.ino) != nil && unchanged(x.ino)) { s.add(m) }
+                else { dropped.append("extended attribute \(String(decoding: x.name, as: UTF8.self)) of inode \(x.ino)") }
+            case .deleteXattr(let ino, let name):
+                if s.node(ino) != nil && unchanged(ino) { s.add(m) }
+                else { dropped.append("removal of extended attribute \(String(decoding: name, as: UTF8.self)) of inode \(ino)") }
+            case .putDirent(let d): dropped.append("the name \(String(decoding: d.name, as: UTF8.self)) for inode \(d.child)")
+            case .deleteDirent(_, let name): dropped.append("the removal of \(String(decoding: name, as: UTF8.self))")
+            case .deleteNode(let ino): dropped.append("the deletion of inode \(ino)")
+            case .moveVersions(let from, let to): dropped.append("the move of inode \(from)'s versions to inode \(to)")
+            case .deleteVersion(let id): dropped.append("the removal of version \(id)")
+            case .setMeta(let key, _), .deleteMeta(let key): dropped.append("the setting \(key)")
+            case .putContainer(let c): dropped.append("the registration of \(c.identifier)")
+            }
+        }
+        if !dropped.isEmpty {
+            notes.append("made while the store was out of reach and overtaken by another machine's change, so dropped "
+                         + "(that change stands): " + dropped.joined(separator: "; "))
+        }
+    }
+}

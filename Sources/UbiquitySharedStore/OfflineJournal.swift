@@ -1,0 +1,444 @@
+// Changes made while the shared store's servers are out of reach: queued on this machine, sent
+// in order once they answer.
+//
+// The model commits as it always does. When a commit finds the servers gone, the batch goes to
+// a journal in the local folder (one file per batch, synced before the commit returns) and the
+// model is given the next position after the one it staged over, so it applies the batch to
+// memory as usual. Later batches queue behind it, without trying the servers (each try could
+// wait out the timeout). Chunks written meanwhile wait in the chunk cache's outbox; ids come
+// from ranges reserved ahead while the servers answered.
+//
+// The change feed tries the servers every second. Once they answer: the outbox is uploaded, and
+// each queued batch is committed with the expectations it was made with. Those that name a
+// queued batch's position name where that batch landed instead. A batch already sent (its
+// answer lost, or this daemon killed before it forgot it) is found by its token and not sent
+// twice. Then the model must load the store again (its positions were this machine's own): the
+// next `changes` says `.trimmed` and commits fail with `.conflict` until `load`.
+//
+// A batch whose expectations fail (another machine changed what it read) stops the sending:
+// it and those after it are the model's to settle over the state of now (`OfflineQueue`), so
+// that what the user wrote is kept beside what the other machine did, never over it.
+
+import Foundation
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One queued batch, as kept on disk.
+struct JournalEntry: Codable, Equatable {
+    var id: UInt64
+    /// The position the model was given for it.
+    var position: ChangeSeq
+    /// The token of its change-log row: whether it landed is looked up by it.
+    var token: String
+    /// When it was made, in nanoseconds since the epoch.
+    var made: Int64
+    var writer: String
+    var mutations: [Mutation]
+    var expectations: [Expectation]
+}
+
+/// The journal's own record, kept beside the entries.
+struct JournalState: Codable, Equatable {
+    /// Queued positions follow on from this one (the position the first queued batch was staged over).
+    var base: ChangeSeq = 0
+    /// Where sent batches landed, by the position they were given.
+    var landed: [ChangeSeq: ChangeSeq] = [:]
+    /// Sending stopped at a batch whose expectations failed: the rest are the model's to settle.
+    var settling = false
+}
+
+/// Ids reserved ahead from one of the store's counters, so that files can be made while the
+/// servers are out of reach.
+final class IDReserve: @unchecked Sendable {
+    private let mutex = StoreMutex()
+    private var ranges: [Range<Int64>] = []   // guarded by mutex
+    private let reserve: (Int) throws(StoreError) -> ClosedRange<Int64>
+    /// How many are reserved at a time, and how few may be left before more are.
+    let batch: Int, low: Int
+
+    init(batch: Int = 4096, low: Int = 1024, reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) {
+        self.batch = batch; self.low = low; self.reserve = reserve
+    }
+
+    /// Reserves the first range now, while the servers answer.
+    func prime() throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            if ranges.isEmpty {
+                let r = try reserve(batch)
+                ranges.append(r.lowerBound..<(r.upperBound + 1))
+            }
+        }
+    }
+
+    /// Up to `count` consecutive ids (fewer when the reserve has fewer in one range). `online`:
+    /// whether to top the reserve up from the servers first when it runs low.
+    func take(_ count: Int, online: Bool) throws(StoreError) -> ClosedRange<Int64> {
+        try mutex.withLock { () throws(StoreError) -> ClosedRange<Int64> in
+            let left = ranges.reduce(0) { $0 + $1.count }
+            if online && left < max(low, count) {
+                do throws(StoreError) {
+                    let r = try reserve(max(batch, count))
+                    ranges.append(r.lowerBound..<(r.upperBound + 1))
+                } catch {
+                    if left == 0 || error.kind != .unavailable { throw error }
+                }
+            }
+            guard let first = ranges.first else {
+                throw StoreError(.unavailable, "the servers are out of reach and the ids reserved ahead are used up")
+            }
+            let n = Int64(min(count, first.count))
+            ranges[0] = (first.lowerBound + n)..<first.upperBound
+            if ranges[0].isEmpty { ranges.removeFirst() }
+            return first.lowerBound...(first.lowerBound + n - 1)
+        }
+    }
+}
+
+final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sendable {
+    let inner: PostgresMetadataStore
+    private let cache: ChunkCache
+    private let folder: String
+    private let log: @Sendable (String) -> Void
+    private let inodes: IDReserve
+    private let versionIDs: IDReserve
+
+    // `mutex` guards everything below. It is held while queued batches are sent, so commits
+    // made meanwhile wait and keep their order behind them.
+    private let mutex = StoreMutex()
+    private var entries: [JournalEntry] = []   // oldest first
+    private var state = JournalState()
+    private var nextID: UInt64 = 1
+    /// The queued batches were sent: the model's positions are its own until it loads again.
+    private var mustReload = false
+    /// The newest position the servers gave (commits, change log, load).
+    private var known: ChangeSeq = 0
+    /// When the servers were last tried while batches wait (monotonic nanoseconds).
+    private var lastTry: UInt64 = 0
+    static let retryInterval: UInt64 = 1_000_000_000
+
+    init(inner: PostgresMetadataStore, cache: ChunkCache, folder: String,
+         log: @escaping @Sendable (String) -> Void) throws(StoreError) {
+        self.inner = inner
+        self.cache = cache
+        self.folder = folder
+        self.log = log
+        inodes = IDReserve { (n) throws(StoreError) in
+            let r = try inner.reserveInodes(n)
+            return Int64(bitPattern: r.lowerBound)...Int64(bitPattern: r.upperBound)
+        }
+        versionIDs = IDReserve { (n) throws(StoreError) in try inner.reserveVersions(n) }
+        try makeDirectories(folder, mode: 0o700)
+        let decoder = JSONDecoder()
+        let names: [String]
+        do { names = try FileManager.default.contentsOfDirectory(atPath: folder) } catch {
+            throw StoreError(errno: EIO, "cannot list the queue of changes in \(folder): \(error)")
+        }
+        for name in names.sorted() {
+            let path = folder + "/" + name
+            if name.hasSuffix(".tmp") { _ = unlink(path); continue }   // a write a crash cut short
+            guard let data = FileManager.default.contents(atPath: path) else { continue }
+            if name == "state.json" {
+                do { state = try decoder.decode(JournalState.self, from: data) } catch {
+                    throw StoreError(.corrupt, "the queue of changes in \(folder) cannot be read (\(name)): \(error)")
+                }
+            } else if name.hasSuffix(".batch") {
+                do { entries.append(try decoder.decode(JournalEntry.self, from: data)) } catch {
+                    throw StoreError(.corrupt, "the queue of changes in \(folder) cannot be read (\(name)): \(error)")
+                }
+            }
+        }
+        entries.sort { $0.id < $1.id }
+        nextID = (entries.last?.id ?? 0) + 1
+        if !entries.isEmpty {
+            log("\(entries.count) change\(entries.count == 1 ? "" : "s") made while the store was out of reach "
+                + (state.settling ? "wait to be settled" : "wait to be sent"))
+        }
+    }
+
+    public func prepare() throws(StoreError) {
+        try inodes.prime()
+        try versionIDs.prime()
+        try cache.remote.primeIDs()
+    }
+
+    // MARK: The journal on disk
+
+    private func entryPath(_ id: UInt64) -> String {
+        folder + "/" + String(repeating: "0", count: max(0, 20 - String(id).count)) + String(id) + ".batch"
+    }
+
+    /// Writes `data` to `path` whole or not at all, on disk when this returns.
+    private func writeAtomically(_ data: Data, to path: String) throws(StoreError) {
+        let temp = path + ".tmp"
+        let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        if fd < 0 { throw StoreError(errno: errno, "cannot write \(temp)") }
+        var failure: Int32 = 0
+        data.withUnsafeBytes { (b: UnsafeRawBufferPointer) in
+            var done = 0
+            while done < b.count {
+                let n = write(fd, b.baseAddress! + done, b.count - done)
+                if n < 0 { if errno == EINTR { continue }; failure = errno; return }
+                done += n
+            }
+            if fsync(fd) != 0 { failure = errno }
+        }
+        close(fd)
+        if failure != 0 || rename(temp, path) != 0 {
+            let code = failure != 0 ? failure : errno
+            _ = unlink(temp)
+            throw StoreError(errno: code, "cannot write \(path)")
+        }
+        try fsyncDirectory(folder)
+    }
+
+    private func encode<T: Encodable>(_ value: T) throws(StoreError) -> Data {
+        do { return try JSONEncoder().encode(value) } catch {
+            throw StoreError(errno: EIO, "cannot encode a queued change: \(error)")
+        }
+    }
+
+    private func saveState() throws(StoreError) {
+        try writeAtomically(try encode(state), to: folder + "/state.json")
+    }
+
+    /// Forgets the oldest entry, which landed at `seq` (nil: it was settled with nothing committed).
+    private func forgetFirst(landedAt seq: ChangeSeq?) throws(StoreError) {
+        let e = entries.removeFirst()
+        if let seq { state.landed[e.position] = seq }
+        if entries.isEmpty { state = JournalState() }
+        try saveState()
+        if unlink(entryPath(e.id)) != 0 && errno != ENOENT {
+            throw StoreError(errno: errno, "cannot remove \(entryPath(e.id))")
+        }
+    }
+
+    /// Queues `batch`; returns the position the model gets for it. Caller holds mutex.
+    private func enqueue(_ batch: Batch, token: String) throws(StoreError) -> ChangeSeq {
+        let after = max(batch.position > 0 ? batch.position : known, entries.last?.position ?? 0)
+        if entries.isEmpty {
+            state = JournalState(base: after)
+            try saveState()
+        }
+        let e = JournalEntry(id: nextID, position: after + 1, token: token, made: nowNanoseconds(), writer: batch.writer,
+                             mutations: batch.mutations, expectations: batch.expectations)
+        try writeAtomically(try encode(e), to: entryPath(e.id))
+        nextID += 1
+        entries.append(e)
+        if entries.count == 1 {
+            log("the store is out of reach: changes are queued on this machine and sent when it answers")
+        }
+        return e.position
+    }
+
+    /// The expectations of a queued batch in positions of the servers: a queued position names
+    /// where that batch landed, or one no node has (the batch did not land as it was).
+    private func translated(_ expectations: [Expectation]) -> [Expectation] {
+        expectations.map { e in
+            guard case .nodeAt(let ino, let change) = e, change > state.base else { return e }
+            return .nodeAt(ino: ino, change: state.landed[change] ?? -1)
+        }
+    }
+
+    private var waitingToSend: Bool { !entries.isEmpty && !state.settling }
+
+    /// Sends the outbox and the queued batches, in order. Caller holds mutex. Throws when the
+    /// servers do not answer (what is left stays queued).
+    private func send() throws(StoreError) {
+        try cache.uploadWaiting()
+        var sent = 0
+        while let e = entries.first, !state.settling {
+            // Sent before (the answer lost, or this daemon stopped before forgetting it)?
+            if let seq = try inner.landed(token: e.token, backend: 0) {
+                try forgetFirst(landedAt: seq)
+                sent += 1
+                continue
+            }
+            var unknown: Int32?
+            do throws(StoreError) {
+                let seq = try inner.commit(Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer),
+                                           token: e.token, unknownOutcome: &unknown)
+                known = max(known, seq)
+                try forgetFirst(landedAt: seq)
+                sent += 1
+            } catch {
+                if error.kind == .unavailable {
+                    // If its COMMIT may have landed, the token says so at the next try.
+                    throw error
+                }
+                // What it expected no longer holds (or the server refuses it): the model settles
+                // it, and the rest after it, over the state of now.
+                state.settling = true
+                try saveState()
+                log("a change made while the store was out of reach no longer applies as it was (\(error.message)); "
+                    + "it and the \(entries.count - 1) after it are settled beside what the other machines did")
+            }
+        }
+        if sent > 0 { log("sent \(sent) change\(sent == 1 ? "" : "s") made while the store was out of reach") }
+        mustReload = true
+    }
+
+    /// While batches wait: tries the servers (at most once a second) and sends them. True when
+    /// they were sent (or handed to the model).
+    private func trySending() -> Bool {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        let due = mutex.withLock { () -> Bool in
+            guard waitingToSend, now &- lastTry >= Self.retryInterval else { return false }
+            lastTry = now
+            return true
+        }
+        // The probe runs without the mutex: it may wait out the timeout, and commits must not.
+        guard due, inner.probe() else { return false }
+        return mutex.withLock { () -> Bool in
+            guard waitingToSend else { return mustReload }
+            do throws(StoreError) { try send() } catch {
+                log("sending the changes made while the store was out of reach failed; tried again later: \(error.message)")
+                return false
+            }
+            return true
+        }
+    }
+
+    // MARK: MetadataStore
+
+    public func load() throws(StoreError) -> StoreSnapshot {
+        try mutex.withLock { () throws(StoreError) in
+            if waitingToSend {
+                do throws(StoreError) { try send() } catch {
+                    let n = entries.count
+                    throw StoreError(error.kind, "\(n) change\(n == 1 ? "" : "s") made while the store was out of reach "
+                                     + "wait to be sent, and sending failed: \(error.message)")
+                }
+            }
+        }
+        let s = try inner.load()
+        mutex.withLock {
+            mustReload = false
+            known = max(known, s.seq)
+        }
+        return s
+    }
+
+    public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
+        try mutex.withLock { () throws(StoreError) -> ChangeSeq in
+            if mustReload {
+                if batch.mutations.isEmpty { return known }
+                throw StoreError(.conflict, "the changes made while the store was out of reach were sent: the namespace is loaded again first")
+            }
+            if waitingToSend {
+                // Behind the queued batches, in order (a barrier has nothing to wait for: the
+                // journal is on disk).
+                return batch.mutations.isEmpty ? entries.last!.position : try enqueue(batch, token: UUID().uuidString)
+            }
+            let token = UUID().uuidString
+            var unknown: Int32?
+            do throws(StoreError) {
+                let seq = try inner.commit(batch, token: token, unknownOutcome: &unknown)
+                known = max(known, seq)
+                return seq
+            } catch {
+                // While queued batches are being settled, a change that cannot be sent fails.
+                guard error.kind == .unavailable, !batch.mutations.isEmpty, !state.settling else { throw error }
+                return try enqueue(batch, token: token)
+            }
+        }
+    }
+
+    public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
+        _ = trySending()
+        let queued: [ChangeRecord]? = try mutex.withLock { () throws(StoreError) -> [ChangeRecord]? in
+            if mustReload {
+                throw StoreError(.trimmed, "the changes made while the store was out of reach were sent: load the namespace again")
+            }
+            guard waitingToSend else { return nil }
+            return entries.filter { $0.position > seq }.map { ChangeRecord(seq: $0.position, writer: $0.writer, mutations: $0.mutations) }
+        }
+        if let queued { return queued }
+        let records = try inner.changes(since: seq)
+        if let last = records.last { mutex.withLock { known = max(known, last.seq) } }
+        return records
+    }
+
+    /// While batches wait to be sent the servers are out of reach: what only they know fails
+    /// at once rather than after the timeout.
+    private func unlessQueued() throws(StoreError) {
+        if mutex.withLock({ waitingToSend }) {
+            throw StoreError(.unavailable, "the store is out of reach (changes made here are queued)")
+        }
+    }
+
+    public func trimChanges(keepingLast count: Int) throws(StoreError) {
+        try unlessQueued()
+        try inner.trimChanges(keepingLast: count)
+    }
+
+    public func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber> {
+        let r = try inodes.take(count, online: !mutex.withLock { waitingToSend })
+        return InodeNumber(bitPattern: r.lowerBound)...InodeNumber(bitPattern: r.upperBound)
+    }
+
+    public func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID> {
+        try versionIDs.take(count, online: !mutex.withLock { waitingToSend })
+    }
+
+    public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
+        try unlessQueued()
+        return try inner.versions(of: ino)
+    }
+
+    public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
+        try unlessQueued()
+        return try inner.version(id)
+    }
+
+    public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
+        try unlessQueued()
+        return try inner.versions(withOrigin: origin)
+    }
+
+    public func allVersions() throws(StoreError) -> [VersionRecord] {
+        try unlessQueued()
+        return try inner.allVersions()
+    }
+
+    public func capacity() -> StoreCapacity { inner.capacity() }
+
+    public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
+        try unlessQueued()
+        return try inner.referencedBlobs()
+    }
+
+    public func waitForChanges(_ seconds: Double) {
+        if mutex.withLock({ waitingToSend }) { Thread.sleep(forTimeInterval: seconds) } else { inner.waitForChanges(seconds) }
+    }
+
+    public func reachability() -> StoreReachability? { inner.reachability() }
+
+    // MARK: OfflineQueue
+
+    public var queued: QueueState {
+        let (chunks, bytes) = cache.waiting
+        return mutex.withLock {
+            QueueState(changes: state.settling ? 0 : entries.count, chunks: chunks, bytes: bytes,
+                       since: entries.first?.made ?? 0, unsettled: state.settling ? entries.count : 0)
+        }
+    }
+
+    public func nextUnsettled() -> QueuedBatch? {
+        mutex.withLock { () -> QueuedBatch? in
+            guard state.settling, !mustReload, let e = entries.first else { return nil }
+            return QueuedBatch(id: e.id, batch: Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer))
+        }
+    }
+
+    public func settled(_ id: UInt64, at seq: ChangeSeq?) throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            guard entries.first?.id == id else { return }
+            try forgetFirst(landedAt: seq)
+            if entries.isEmpty { log("every change made while the store was out of reach is settled") }
+        }
+    }
+}
