@@ -95,7 +95,9 @@ extension UbiquityFileSystem {
         var dropped: [String] = []
         func place(_ n: NodeRecord, asked parent: InodeNumber, name asked: [UInt8]) {
             var folder = parent
-            if s.node(folder)?.kind != .directory {
+            // A folder in Recently Deleted counts as gone: what was made in it stays in sight.
+            let trashed = ns.read { now.trashed[folder] != nil || trashedAncestorLocked(of: folder) != nil }
+            if s.node(folder)?.kind != .directory || trashed {
                 guard let c = now.containers[n.container], let docs = policy.documentsIno(c, in: now) else {
                     dropped.append("inode \(n.ino) (its folder and container are gone)")
                     return
@@ -117,7 +119,7 @@ extension UbiquityFileSystem {
             if folder != parent || name != asked {
                 notes.append("\(String(decoding: asked, as: UTF8.self)), made while the store was out of reach, is kept as "
                              + "\(String(decoding: name, as: UTF8.self))"
-                             + (folder != parent ? " in its container's Documents folder (its folder is gone)" : " (the name was taken)"))
+                             + (folder != parent ? " in its container's Documents folder (its folder was deleted)" : " (the name was taken)"))
             }
         }
         // Items the batch made, in the order it named them.

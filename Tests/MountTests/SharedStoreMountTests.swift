@@ -399,4 +399,38 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         try unmount(at: second)
         try unmount()
     }
+
+    /// The queue is on A's disk: a change queued while cut off, then the daemon killed, lands
+    /// once A is mounted again with the servers in reach. Mounted while still cut off, A says
+    /// why it cannot start, and the queue waits.
+    func testQueuedChangesSurviveAKilledDaemon() throws {
+        try mount(extra: TwoMountsTests.longCache)
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache, at: second)
+        let a = docs("TestDrive"), b = second + "/TestDrive"
+        link("down")
+        XCTAssertEqual(Posix.writeFile(a + "/queued.txt", "queued, then the daemon was killed\n"), 0)
+        let queued = ubiquityfs(["status", mountPoint])
+        XCTAssertNotNil(queued.stdout.range(of: #"queued: [1-9][0-9]* changes?, 1 chunk"#, options: .regularExpression), queued.stdout)
+        let pid = try daemonPID(of: mountPoint)
+        kill(pid, SIGKILL)
+        XCTAssertTrue(waitForExit(pid, seconds: 10))
+        clearDeadMount(mountPoint)
+        let refused = Command.run(launcher(at: mountPoint) + [Self.binary]
+                                  + mountArguments(app: nil, options: nil, extra: TwoMountsTests.longCache, at: mountPoint,
+                                                   defaultLocations: false),
+                                  timeout: 60, environment: environment)
+        XCTAssertFalse(refused.succeeded, "no start while the servers are out of reach")
+        XCTAssertTrue((refused.stdout + refused.stderr).contains("out of reach") || (refused.stdout + refused.stderr).contains("unreachable"),
+                      "\(refused)")
+        clearDeadMount(mountPoint)
+        XCTAssertFalse(Posix.exists(b + "/queued.txt"))
+        link("up")
+        try mount(extra: TwoMountsTests.longCache)
+        eventually("the queued change on B") { Posix.readText(b + "/queued.txt") == "queued, then the daemon was killed\n" }
+        XCTAssertEqual(Posix.readText(a + "/queued.txt"), "queued, then the daemon was killed\n")
+        XCTAssertTrue(ubiquityfs(["status", mountPoint]).stdout.contains("queued: none"))
+        try unmount(at: second)
+        try unmount()
+    }
 }

@@ -1,0 +1,134 @@
+// Settling batches a shared store queued while its servers were out of reach, and could not
+// send as they were made because another writer changed what they read first: what the user
+// wrote is kept beside the other's change, never over it. The batches here are the ones the
+// model stages for these operations, made by hand over the state `one` had.
+
+import Foundation
+import XCTest
+@testable import UbiquityFileSystem
+import UbiquityStore
+
+final class QueuedChangesTests: TwoWritersTestCase {
+    private func change(of fs: UbiquityFileSystem, _ ino: UInt64) -> ChangeSeq {
+        fs.ns.read { fs.state.nodeChanges[ino] ?? -1 }
+    }
+
+    private func node(of fs: UbiquityFileSystem, _ ino: UInt64) throws -> NodeRecord {
+        try XCTUnwrap(fs.ns.read { fs.state.nodes[ino] })
+    }
+
+    /// What `one` would have queued for a new file `name` in `parent` holding `content`.
+    private func queuedCreate(_ parent: UInt64, _ name: String, _ content: [UInt8]) throws -> Batch {
+        let ino = try store.metadata.reserveInodes(1).lowerBound
+        let version = try store.metadata.reserveVersions(1).lowerBound
+        let chunk = try writeBlob(store.blobs, content)
+        let folder = try node(of: one, parent)
+        let now = Int64(Date().timeIntervalSince1970 * 1e9)
+        let file = NodeRecord(ino: ino, container: folder.container, kind: .regular, mode: 0o644, uid: 0, gid: 0, nlink: 1,
+                              size: UInt64(content.count), atime: now, mtime: now, ctime: now, btime: now, currentVersion: version)
+        var touched = folder
+        touched.mtime = now
+        touched.ctime = now
+        return Batch([.putNode(file), .putDirent(DirentRecord(parent: parent, name: b(name), child: ino)), .putNode(touched),
+                      .putVersion(VersionRecord(id: version, ino: ino, created: now, size: UInt64(content.count), chunks: [chunk],
+                                                origin: .published, device: "A"))],
+                     expecting: [.nameFree(parent: parent, name: b(name)), .nodeAt(ino: parent, change: change(of: one, parent))],
+                     writer: "A")
+    }
+
+    /// What `one` would have queued for a publish of `content` as `ino`'s new version.
+    private func queuedPublish(_ ino: UInt64, _ content: [UInt8]) throws -> Batch {
+        let version = try store.metadata.reserveVersions(1).lowerBound
+        let chunk = try writeBlob(store.blobs, content)
+        var file = try node(of: one, ino)
+        file.currentVersion = version
+        file.size = UInt64(content.count)
+        file.mtime += 1
+        return Batch([.putVersion(VersionRecord(id: version, ino: ino, created: file.mtime, size: file.size, chunks: [chunk],
+                                                origin: .published, device: "A")), .putNode(file)],
+                     expecting: [.nodeAt(ino: ino, change: change(of: one, ino))], writer: "A")
+    }
+
+    func testABatchThatStillHoldsLandsAsItWasMade() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "plain.txt", b("before"))
+        try two.catchUp()
+        let create = try queuedCreate(docs, "new.txt", b("made offline"))
+        let publish = try queuedPublish(f, b("edited offline"))
+        XCTAssertNotNil(try one.settle(create))
+        XCTAssertNotNil(try one.settle(publish))
+        try two.catchUp()
+        for fs in [one!, two!] {
+            XCTAssertEqual(try fs.names("SugoiApp"), ["new.txt", "plain.txt"])
+            assertBytes(try fs.contents("SugoiApp/new.txt"), b("made offline"))
+            assertBytes(try fs.contents("SugoiApp/plain.txt"), b("edited offline"))
+        }
+        XCTAssertEqual(one.unresolvedConflicts(), [])
+    }
+
+    func testAMadeItemWhoseNameWasTakenIsKeptBesideIt() throws {
+        let docs = try one.ino("SugoiApp")
+        let queued = try queuedCreate(docs, "both.txt", b("A's"))
+        try two.makeFile(try two.ino("SugoiApp"), "both.txt", b("B's"))
+        try one.catchUp()
+        XCTAssertNotNil(try one.settle(queued))
+        try two.catchUp()
+        for fs in [one!, two!] {
+            XCTAssertEqual(try fs.names("SugoiApp"), ["both 2.txt", "both.txt"])
+            assertBytes(try fs.contents("SugoiApp/both.txt"), b("B's"), "the first stays")
+            assertBytes(try fs.contents("SugoiApp/both 2.txt"), b("A's"), "the queued one beside it")
+            XCTAssertEqual(try fs.at("SugoiApp").nlink, try fs.at("Notes").nlink, "the folder's link count is still right")
+        }
+    }
+
+    func testAPublishOverAnotherWritersEditBecomesAConflictCopy() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "report.txt", b("original"))
+        try two.catchUp()
+        let queued = try queuedPublish(f, b("A's edit"))
+        try two.writeFile(f, b("B's edit"))
+        try one.catchUp()
+        try one.settle(queued)
+        try two.catchUp()
+        for fs in [one!, two!] {
+            assertBytes(try fs.contents("SugoiApp/report.txt"), b("B's edit"), "the other's edit stays current")
+            let copy = try XCTUnwrap(try fs.names("SugoiApp").first { $0.hasPrefix("report (conflict from A ") })
+            assertBytes(try fs.contents("SugoiApp/" + copy), b("A's edit"), "the queued edit is kept beside it")
+        }
+        XCTAssertEqual(one.unresolvedConflicts().count, 1)
+    }
+
+    func testAnItemWhoseFolderWentLandsInDocuments() throws {
+        let docs = try one.ino("Notes")
+        let folder = try one.mkdir(parent: docs, name: b("Drafts"), mode: 0o755, caller: owner).ino
+        try two.catchUp()
+        let queued = try queuedCreate(folder, "idea.txt", b("written in a folder deleted elsewhere"))
+        try two.rmdir(parent: try two.ino("Notes"), name: b("Drafts"))
+        try one.catchUp()
+        try one.settle(queued)
+        try two.catchUp()
+        for fs in [one!, two!] {
+            XCTAssertEqual(try fs.names("Notes"), ["idea.txt"])
+            assertBytes(try fs.contents("Notes/idea.txt"), b("written in a folder deleted elsewhere"))
+        }
+    }
+
+    /// A rename over what another writer changed is dropped (the other's change stands); the
+    /// file stays whole where the other left it.
+    func testARenameOvertakenByAnotherWriterIsDropped() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "a.txt", b("content"))
+        try two.catchUp()
+        let queued = Batch([.deleteDirent(parent: docs, name: b("a.txt")), .putDirent(DirentRecord(parent: docs, name: b("b.txt"), child: f))],
+                           expecting: [.nameIs(parent: docs, name: b("a.txt"), child: f), .nameFree(parent: docs, name: b("b.txt"))],
+                           writer: "A")
+        try two.rename(parent: try two.ino("SugoiApp"), name: b("a.txt"), newParent: try two.ino("SugoiApp"), newName: b("c.txt"), flags: [])
+        try one.catchUp()
+        try one.settle(queued)
+        try two.catchUp()
+        for fs in [one!, two!] {
+            XCTAssertEqual(try fs.names("SugoiApp"), ["c.txt"])
+            assertBytes(try fs.contents("SugoiApp/c.txt"), b("content"))
+        }
+    }
+}
