@@ -64,7 +64,13 @@ final class SharedDurability: Durability, @unchecked Sendable {
     }
     func sync() throws(StoreError) {}
     func syncMetadata() throws(StoreError) {}
-    func end(writer: String) throws(StoreError) { try metadata.withdraw(writer) }
+    func end(writer: String) throws(StoreError) {
+        do { try metadata.withdraw(writer) } catch {
+            // Stopped while out of reach (what it queued waits on this machine's disk): its
+            // presence runs out with its lease instead.
+            if error.kind != .unavailable { throw error }
+        }
+    }
 }
 
 /// This machine's working copies, in a local folder; other writers are alive when another daemon
