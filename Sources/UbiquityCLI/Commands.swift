@@ -343,6 +343,9 @@ final class ChangeFeed: @unchecked Sendable {
                 let stop = stopping
                 condition.unlock()
                 if stop { break }
+                // Changes queued while the store was out of reach go first: the change log is
+                // read once they are there.
+                fs.sendQueuedChanges()
                 do {
                     let (changes, watches) = try fs.catchUpForKernel()
                     if !changes.isEmpty { session.invalidate(changes) }

@@ -17,10 +17,11 @@ extension UbiquityFileSystem {
     /// it succeeds or fails as a local race would (`EEXIST`, `ENOENT`, `ENOTEMPTY`, …).
     ///
     /// `extra`: expectations beyond what the staging read (a queued batch settled as it was
-    /// made); with `retryConflicts` false a conflict is thrown (as the StoreError), not staged again.
+    /// made); with `retryConflicts` false a conflict is thrown (as the StoreError), not staged
+    /// again; `token`: the change-log token to commit under; `committed` is told the position.
     @discardableResult
-    func mutate<T>(expecting extra: [Expectation] = [], retryConflicts: Bool = true,
-                   _ body: (inout Staging) throws -> T) throws -> T {
+    func mutate<T>(expecting extra: [Expectation] = [], retryConflicts: Bool = true, token: String? = nil,
+                   committed: ((ChangeSeq) -> Void)? = nil, _ body: (inout Staging) throws -> T) throws -> T {
         var garbage: Set<BlobID> = []
         var deleted: [InodeNumber] = []
         let result = try commits.withLock { () throws -> T in
@@ -34,7 +35,7 @@ extension UbiquityFileSystem {
                 let freed = try blobsFreed(by: staging)
                 let batch = Batch(staging.mutations,
                                   expecting: extra + state.expectations(for: staging.mutations, unchanged: staging.unchanged),
-                                  writer: writerID, position: state.seq)
+                                  writer: writerID, position: state.seq, token: token)
                 let seq: ChangeSeq
                 do throws(StoreError) { seq = try store.metadata.commit(batch, durable: false) } catch {
                     guard error.kind == .conflict else { throw FSError(error) }
@@ -44,6 +45,7 @@ extension UbiquityFileSystem {
                     try catchUpLocked()
                     continue
                 }
+                committed?(seq)
                 for (ino, count) in staging.versionCounts { versionCounts[ino] = count }
                 if seq == state.seq + 1 {
                     applyCommitted([ChangeRecord(seq: seq, writer: writerID, mutations: batch.mutations)])

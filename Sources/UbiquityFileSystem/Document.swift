@@ -307,30 +307,56 @@ final class Document: @unchecked Sendable {
     // MARK: publishing
 
     /// The new chunk list with every dirty chunk written as a blob. Caller holds `lock` for writing.
+    /// Chunks that go over the network (a shared store) are written a few at a time: each write
+    /// is a round trip, which one at a time would leave the link idle.
     private func writeChunks(durable: Bool) throws -> [ChunkRef] {
         let count = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
         var chunks = Array(base.prefix(count))
         while chunks.count < count { chunks.append(.hole) }
         guard !dirty.isEmpty, let work else { return chunks }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
-        defer { buffer.deallocate() }
-        for index in dirty.sorted() where index < count {
-            let length = min(chunkSize, Int(size) - index * chunkSize)
-            let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<length])
-            var got = 0
-            while got < length {
-                let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]), at: index * chunkSize + got)
-                if n == 0 { break }
-                got += n
+        let indices = dirty.sorted().filter { $0 < count }
+        let workers = store.localChunks == nil ? 1 : min(Self.parallelUploads, indices.count)
+        let results = ChunkResults(indices.count)
+        let size = self.size, blobs = store.blobs
+        DispatchQueue.concurrentPerform(iterations: workers) { worker in
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
+            defer { buffer.deallocate() }
+            var i = worker
+            while i < indices.count, !results.failed {
+                let index = indices[i]
+                let length = min(chunkSize, Int(size) - index * chunkSize)
+                let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<length])
+                do {
+                    var got = 0
+                    while got < length {
+                        let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]), at: index * chunkSize + got)
+                        if n == 0 { break }
+                        got += n
+                    }
+                    if got < length {
+                        UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0)
+                    }
+                    results.set(i, isAllZero(UnsafeRawBufferPointer(piece))
+                                ? .hole : try blobs.write(UnsafeRawBufferPointer(piece), durable: durable))
+                } catch {
+                    results.fail(error)
+                }
+                i += workers
             }
-            if got < length {
-                UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0)
-            }
-            chunks[index] = isAllZero(UnsafeRawBufferPointer(piece))
-                ? .hole : try store.blobs.write(UnsafeRawBufferPointer(piece), durable: durable)
         }
+        let (refs, failure) = results.taken
+        if let failure {
+            // The chunks already written belong to no version: freed now where that is safe,
+            // else by the garbage collection.
+            if store.deletesChunksOfFailedCommits { for r in refs.compactMap({ $0 }) where !r.isHole { try? blobs.delete(r.blob) } }
+            throw failure
+        }
+        for (i, index) in indices.enumerated() { chunks[index] = refs[i]! }
         return chunks
     }
+
+    /// How many chunks of one publish go to a shared store at once.
+    static let parallelUploads = 4
 
     /// Start publishing the working copy, if it changed: write its changed chunks as blobs and
     /// hold the document (its lock, for writing) until the returned `Publication` is finished
@@ -476,3 +502,15 @@ struct Publication: ~Copyable {
 
 @available(*, unavailable)
 extension Publication: Sendable {}
+
+/// The chunks one publish wrote, by position, and the first failure, filled from several threads.
+private final class ChunkResults: @unchecked Sendable {
+    private let lock = NSLock()
+    private var refs: [ChunkRef?]   // guarded by lock
+    private var failure: (any Error)?   // guarded by lock
+    init(_ count: Int) { refs = Array(repeating: nil, count: count) }
+    var failed: Bool { lock.withLock { failure != nil } }
+    func set(_ i: Int, _ ref: ChunkRef) { lock.withLock { refs[i] = ref } }
+    func fail(_ error: any Error) { lock.withLock { if failure == nil { failure = error } } }
+    var taken: ([ChunkRef?], (any Error)?) { lock.withLock { (refs, failure) } }
+}

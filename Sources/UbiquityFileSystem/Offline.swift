@@ -20,14 +20,18 @@ extension UbiquityFileSystem {
     /// What the store holds queued on this machine (nil: a store on this machine's disk).
     public var queuedChanges: QueueState? { store.offline?.queued }
 
+    /// Sends what the store queued if its servers answer again (the change feed calls this
+    /// before it reads the change log).
+    public func sendQueuedChanges() { store.offline?.sendIfDue() }
+
     /// Settles every batch the store hands over (see above). The change feed calls this after
     /// each catch-up; a failure (servers gone again) leaves the rest for the next call.
     public func settleQueuedChanges() {
         guard let queue = store.offline else { return }
         while let q = queue.nextUnsettled() {
             do {
-                let seq = try settle(q.batch)
-                do { try queue.settled(q.id, at: seq) } catch { throw FSError(error) }
+                let (seq, nodes) = try settle(q.batch)
+                do { try queue.settled(q.id, at: seq, nodes: nodes) } catch { throw FSError(error) }
             } catch {
                 log("settling a change made while the store was out of reach failed; tried again later: \(error)")
                 return
@@ -35,27 +39,29 @@ extension UbiquityFileSystem {
         }
     }
 
-    /// Returns the position its nodes were committed at (nil: nothing of it was).
-    func settle(_ batch: Batch) throws -> ChangeSeq? {
-        var first: InodeNumber?
-        for case .putNode(let n) in batch.mutations { first = n.ino; break }
-        let position = { [self] () -> ChangeSeq? in ns.read { first.flatMap { state.nodeChanges[$0] } } }
+    /// Commits under the batch's token, so that a crash before the store forgets the batch
+    /// does not settle it twice. Returns the position it was committed at (nil: nothing of it
+    /// was) and the nodes it put as the batch had them (nil: all of them).
+    func settle(_ batch: Batch) throws -> (ChangeSeq?, Set<InodeNumber>?) {
+        var position: ChangeSeq?
         do {
-            try mutate(expecting: batch.expectations, retryConflicts: false) { s in
+            try mutate(expecting: batch.expectations, retryConflicts: false, token: batch.token,
+                       committed: { position = $0 }) { s in
                 for m in batch.mutations {
                     if case .putNode(let n) = m { s.put(n) } else { s.add(m) }
                 }
             }
-            return position() ?? ns.read { state.seq }
+            return (position, nil)
         } catch let e as StoreError where e.kind == .conflict {
             // Staged again below.
         }
         var copies: [Conflict] = []
         var restore: [InodeNumber] = []
         var notes: [String] = []
-        try mutate { s in
+        var kept: Set<InodeNumber> = []
+        try mutate(token: batch.token, committed: { position = $0 }) { s in
             copies = []; restore = []; notes = []
-            salvage(batch, into: &s, copies: &copies, restore: &restore, notes: &notes)
+            kept = salvage(batch, into: &s, copies: &copies, restore: &restore, notes: &notes)
         }
         for n in notes { log(n) }
         for ino in restore {
@@ -64,13 +70,14 @@ extension UbiquityFileSystem {
             }
         }
         for c in copies { makeConflictCopy(c) }
-        return position()
+        return (position, kept)
     }
 
     /// Stages what of `batch` can be kept over the state of now (see the top of this file).
-    /// Caller holds commits (inside `mutate`).
+    /// Returns the nodes put as the batch had them. Caller holds commits (inside `mutate`).
     func salvage(_ batch: Batch, into s: inout Staging, copies: inout [Conflict], restore: inout [InodeNumber],
-                 notes: inout [String]) {
+                 notes: inout [String]) -> Set<InodeNumber> {
+        var kept: Set<InodeNumber> = []
         let now = state
         func unchanged(_ ino: InodeNumber) -> Bool {
             batch.expectations.contains { e in
@@ -106,7 +113,7 @@ extension UbiquityFileSystem {
             }
             let name = freeName(asked) { now.children[folder]?[$0] != nil || staged[folder]?.contains($0) == true }
             staged[folder, default: []].insert(name)
-            if !placed.contains(n.ino) { s.put(n); placed.insert(n.ino) }
+            if !placed.contains(n.ino) { s.put(n); placed.insert(n.ino); kept.insert(n.ino) }
             s.add(.putDirent(DirentRecord(parent: folder, name: name, child: n.ino)))
             // The kernel saw these names as they were before the store was loaded again.
             pendingInvalidations += [.entry(parent: folder, name: name), .entry(parent: parent, name: asked), .node(folder)]
@@ -131,7 +138,7 @@ extension UbiquityFileSystem {
             case .putDirent(let d) where made.contains(d.child): break
             case .putNode(let n) where made.contains(n.ino): break
             case .putVersion(let v) where made.contains(v.ino):
-                if placed.contains(v.ino) { s.add(m) }
+                if placed.contains(v.ino) { s.add(m) } else { dropped.append("version \(v.id) of inode \(v.ino), which has no name") }
             case .putVersion(var v):
                 let publishes = last[v.ino]?.currentVersion == v.id
                 if var n = s.node(v.ino) {
@@ -146,6 +153,7 @@ extension UbiquityFileSystem {
                             n.ctime = max(n.ctime, ours.ctime)
                         }
                         s.put(n)
+                        kept.insert(v.ino)
                     } else if publishes {
                         v.origin = .conflict
                         s.add(.putVersion(v))
@@ -169,15 +177,42 @@ extension UbiquityFileSystem {
                 }
             case .putNode(let n):
                 if published[n.ino] != nil { break }   // with its content, above
-                if n.kind != .directory, s.node(n.ino) != nil, unchanged(n.ino) { s.put(n) }
-                else if n.kind != .directory { dropped.append("attributes of inode \(n.ino)") }
+                if n.kind != .directory, var cur = s.node(n.ino), unchanged(n.ino) {
+                    // Its attributes; its names, link count and content stay as they are now
+                    // (the name changes of the batch may be dropped below).
+                    cur.mode = n.mode; cur.uid = n.uid; cur.gid = n.gid
+                    cur.atime = n.atime; cur.mtime = n.mtime; cur.ctime = max(cur.ctime, n.ctime)
+                    s.put(cur)
+                } else if !placed.contains(n.ino) {
+                    // A folder's own record (times, link count) follows what is placed in it.
+                    dropped.append("the attributes of inode \(n.ino)")
+                }
             case .putXattr(let x):
                 if placed.contains(x.ino) || (s.node(x.ino) != nil && unchanged(x.ino)) { s.add(m) }
                 else { dropped.append("extended attribute \(String(decoding: x.name, as: UTF8.self)) of inode \(x.ino)") }
             case .deleteXattr(let ino, let name):
                 if s.node(ino) != nil && unchanged(ino) { s.add(m) }
                 else { dropped.append("removal of extended attribute \(String(decoding: name, as: UTF8.self)) of inode \(ino)") }
-            case .putDirent(let d): dropped.append("the name \(String(decoding: d.name, as: UTF8.self)) for inode \(d.child)")
+            case .putDirent(let d):
+                if let saved = s.node(d.child), saved.kind == .regular, let target = now.children[d.parent]?[d.name],
+                   target != d.child, now.nodes[target]?.kind == .regular, let (from, fromName) = now.firstName(of: d.child),
+                   s.node(d.parent)?.kind == .directory {
+                    // An atomic save (a temporary file renamed over the original) over a file
+                    // another machine changed meanwhile: the saved file goes beside the
+                    // original as its conflict copy rather than under its temporary name.
+                    let name = conflictCopyName(d.name, device: device, created: saved.mtime) {
+                        now.children[d.parent]?[$0] != nil || staged[d.parent]?.contains($0) == true
+                    }
+                    staged[d.parent, default: []].insert(name)
+                    s.add(.deleteDirent(parent: from, name: fromName))
+                    s.add(.putDirent(DirentRecord(parent: d.parent, name: name, child: d.child)))
+                    pendingInvalidations += [.entry(parent: from, name: fromName), .entry(parent: d.parent, name: name),
+                                             .entry(parent: d.parent, name: d.name), .node(from), .node(d.parent)]
+                    notes.append("\(String(decoding: d.name, as: UTF8.self)) changed elsewhere while saved here out of reach of the "
+                                 + "store; the save is kept beside it as \(String(decoding: name, as: UTF8.self))")
+                } else {
+                    dropped.append("the name \(String(decoding: d.name, as: UTF8.self)) for inode \(d.child)")
+                }
             case .deleteDirent(_, let name): dropped.append("the removal of \(String(decoding: name, as: UTF8.self))")
             case .deleteNode(let ino): dropped.append("the deletion of inode \(ino)")
             case .moveVersions(let from, let to): dropped.append("the move of inode \(from)'s versions to inode \(to)")
@@ -190,5 +225,6 @@ extension UbiquityFileSystem {
             notes.append("made while the store was out of reach and overtaken by another machine's change, so dropped "
                          + "(that change stands): " + dropped.joined(separator: "; "))
         }
+        return kept
     }
 }

@@ -7,7 +7,8 @@
 // Chunks this machine writes are kept too (a file just saved is likely read again here).
 //
 // Chunks written while the servers are out of reach wait here to be uploaded (the outbox): kept
-// whatever the limit, synced to disk, uploaded before the queued batch that names them is sent.
+// whatever the limit, synced to disk, uploaded before the queued batch that names them is sent,
+// and kept in the outbox until it lands.
 //
 // Layout: `<folder>/blobs/XX/<id>` (the embedded store's blob layout, so reads use the same
 // code), `<folder>/pinned` (one hex id per line), `<folder>/outbox/<id>` (an empty file per chunk
@@ -58,8 +59,13 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     private var total: Int64 = 0
     private var tick: UInt64 = 0
     private var pinned: Set<BlobID> = []
-    /// Chunks in the outbox, with their sizes.
+    /// Chunks in the outbox, with their sizes: to be uploaded before the batch naming them is
+    /// sent, and kept here until it lands.
     private var outbox: [BlobID: Int64] = [:]
+    /// When chunks of the outbox were last uploaded (monotonic nanoseconds).
+    private var uploaded: [BlobID: UInt64] = [:]
+    /// Chunks uploaded as they were written, in the last minutes (see `hold`).
+    private var recent: [BlobID: UInt64] = [:]
     private var downloads: [BlobID: Download] = [:]
     private var prefetching = 0
     private static let prefetchLimit = 4
@@ -121,7 +127,13 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             do throws(StoreError) {
                 try remote.put(id, bytes)
                 // Keeping a copy is a bonus: a failure here costs a download later, nothing more.
-                if (try? local.put(id, bytes)) != nil { added(id, size: Int64(bytes.count)) }
+                if (try? local.put(id, bytes)) != nil {
+                    added(id, size: Int64(bytes.count))
+                    condition.lock()
+                    recent[id] = monotonicNow()
+                    if recent.count > 4096 { recent = recent.filter { monotonicNow() &- $0.value < Self.recentNanoseconds } }
+                    condition.unlock()
+                }
                 return ref
             } catch {
                 guard error.kind == .unavailable else { throw error }
@@ -130,16 +142,48 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         // Out of reach: the chunk waits here, on disk before the batch naming it is queued.
         try local.put(id, bytes)
         try syncFile(local.path(of: id))
-        let marker = outboxPath + "/" + String(id, radix: 16)
-        let fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
-        if fd < 0 { throw StoreError(errno: errno, "cannot record chunk \(String(id, radix: 16)) in \(outboxPath)") }
-        close(fd)
-        try fsyncDirectory(outboxPath)
-        condition.lock()
-        outbox[id] = Int64(bytes.count)
-        condition.unlock()
+        try fsyncDirectory((local.path(of: id) as NSString).deletingLastPathComponent)
+        try mark([(id, Int64(bytes.count))])
         added(id, size: Int64(bytes.count))
         return ref
+    }
+
+    // MARK: The outbox
+
+    /// Marks these local chunks (with their sizes) as to be uploaded before a batch naming them
+    /// commits.
+    private func mark(_ chunks: [(BlobID, Int64)]) throws(StoreError) {
+        var made = false
+        for (id, size) in chunks {
+            condition.lock()
+            let known = outbox[id] != nil
+            condition.unlock()
+            guard !known else { continue }
+            let marker = outboxPath + "/" + String(id, radix: 16)
+            let fd = open(marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+            if fd < 0 { throw StoreError(errno: errno, "cannot record chunk \(String(id, radix: 16)) in \(outboxPath)") }
+            close(fd)
+            made = true
+            condition.lock()
+            outbox[id] = size
+            condition.unlock()
+        }
+        if made { try fsyncDirectory(outboxPath) }
+    }
+
+    /// A batch naming `chunks` is queued: those this machine uploaded a moment ago go in the
+    /// outbox too, to be uploaded again right before the batch is sent (a chunk no version names
+    /// is the collection's once it is old, and the batch may wait long).
+    func hold(_ chunks: [BlobID]) throws(StoreError) {
+        condition.lock()
+        let now = monotonicNow()
+        let again = chunks.compactMap { id -> (BlobID, Int64)? in
+            guard let t = recent[id], now &- t < Self.recentNanoseconds, let e = entries[id] else { return nil }
+            return (id, e.size)
+        }
+        for (id, _) in again { uploaded[id] = nil }
+        condition.unlock()
+        try mark(again)
     }
 
     /// Chunks waiting to be uploaded, and their bytes.
@@ -149,23 +193,49 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         return (outbox.count, outbox.values.reduce(0, +))
     }
 
-    /// Uploads every chunk of the outbox (oldest id first); throws on the first that fails.
-    func uploadWaiting() throws(StoreError) {
+    /// Uploads those of `ids` (all of the outbox when nil) that are in the outbox and were not
+    /// uploaded in the last minutes; throws on the first that fails. They stay in the outbox
+    /// (kept here, uploaded again if they wait long) until `landed`.
+    func upload(_ ids: [BlobID]? = nil) throws(StoreError) {
         condition.lock()
-        let ids = outbox.keys.sorted()
+        let now = monotonicNow()
+        let due = (ids ?? Array(outbox.keys)).filter { id in
+            outbox[id] != nil && (uploaded[id].map { now &- $0 >= Self.recentNanoseconds / 2 } ?? true)
+        }.sorted()
         condition.unlock()
-        guard !ids.isEmpty else { return }
+        guard !due.isEmpty else { return }
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
         defer { buffer.deallocate() }
-        for id in ids {
+        for id in due {
             let n = try local.read(id, at: 0, into: buffer)
             try remote.put(id, UnsafeRawBufferPointer(rebasing: buffer[..<n]))
-            _ = unlink(outboxPath + "/" + String(id, radix: 16))
             condition.lock()
-            outbox[id] = nil
+            uploaded[id] = monotonicNow()
             condition.unlock()
         }
-        log("uploaded \(ids.count) chunk\(ids.count == 1 ? "" : "s") written while the servers were out of reach")
+        log("uploaded \(due.count) chunk\(due.count == 1 ? "" : "s") written while the servers were out of reach")
+    }
+
+    /// A batch naming `ids` landed (all of the outbox when nil: nothing queued names any): they
+    /// leave the outbox, and are cached as any other chunk.
+    func landed(_ ids: [BlobID]? = nil) {
+        condition.lock()
+        let gone = (ids ?? Array(outbox.keys)).filter { outbox[$0] != nil }
+        for id in gone {
+            outbox[id] = nil
+            uploaded[id] = nil
+        }
+        condition.unlock()
+        for id in gone { _ = unlink(outboxPath + "/" + String(id, radix: 16)) }
+    }
+
+    /// How long a chunk counts as just uploaded.
+    private static let recentNanoseconds: UInt64 = 10 * 60 * 1_000_000_000
+
+    private func monotonicNow() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
     }
 
     private func syncFile(_ path: String) throws(StoreError) {

@@ -32,6 +32,9 @@ struct JournalEntry: Codable, Equatable {
     var position: ChangeSeq
     /// The token of its change-log row: whether it landed is looked up by it.
     var token: String
+    /// The server process that had it when the answer to its COMMIT was lost (it may have
+    /// landed: looked up by token once that process is gone).
+    var backend: Int32?
     /// When it was made, in nanoseconds since the epoch.
     var made: Int64
     var writer: String
@@ -45,6 +48,9 @@ struct JournalState: Codable, Equatable {
     var base: ChangeSeq = 0
     /// Where sent batches landed, by the position they were given.
     var landed: [ChangeSeq: ChangeSeq] = [:]
+    /// For batches the model settled in parts: the nodes it put as the batch had them (an
+    /// expectation of the batch's position holds for these alone).
+    var partial: [ChangeSeq: [InodeNumber]] = [:]
     /// Sending stopped at a batch whose expectations failed: the rest are the model's to settle.
     var settling = false
 }
@@ -117,6 +123,10 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     /// When the servers were last tried while batches wait (monotonic nanoseconds).
     private var lastTry: UInt64 = 0
     static let retryInterval: UInt64 = 1_000_000_000
+    /// The queue folder's lock, held while this store is open: one daemon's queue per folder.
+    /// Nil when another daemon on this machine's local folder holds it: then this one queues
+    /// nothing (its changes fail while the servers are out of reach).
+    private let lockFD: Int32?
 
     init(inner: PostgresMetadataStore, cache: ChunkCache, folder: String,
          log: @escaping @Sendable (String) -> Void) throws(StoreError) {
@@ -130,6 +140,16 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         }
         versionIDs = IDReserve { (n) throws(StoreError) in try inner.reserveVersions(n) }
         try makeDirectories(folder, mode: 0o700)
+        let fd = open(folder + "/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if fd < 0 { throw StoreError(errno: errno, "cannot open \(folder)/lock") }
+        if flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            close(fd)
+            lockFD = nil
+            log("another daemon on this machine's local folder keeps the queue of changes made out of reach of the "
+                + "store; this one's changes fail while the servers do not answer")
+            return
+        }
+        lockFD = fd
         let decoder = JSONDecoder()
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder) } catch {
@@ -139,6 +159,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             let path = folder + "/" + name
             if name.hasSuffix(".tmp") { _ = unlink(path); continue }   // a write a crash cut short
             guard let data = FileManager.default.contents(atPath: path) else { continue }
+            if name == "lock" { continue }
             if name == "state.json" {
                 do { state = try decoder.decode(JournalState.self, from: data) } catch {
                     throw StoreError(.corrupt, "the queue of changes in \(folder) cannot be read (\(name)): \(error)")
@@ -162,6 +183,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         try versionIDs.prime()
         try cache.remote.primeIDs()
     }
+
+    deinit { if let lockFD { close(lockFD) } }
 
     // MARK: The journal on disk
 
@@ -203,26 +226,43 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         try writeAtomically(try encode(state), to: folder + "/state.json")
     }
 
-    /// Forgets the oldest entry, which landed at `seq` (nil: it was settled with nothing committed).
-    private func forgetFirst(landedAt seq: ChangeSeq?) throws(StoreError) {
+    /// Forgets the oldest entry, which landed at `seq` (nil: it was settled with nothing
+    /// committed) with `nodes` as it had them (nil: all). The state first: a crash before the
+    /// entry goes leaves it to be found by its token.
+    private func forgetFirst(landedAt seq: ChangeSeq?, nodes: Set<InodeNumber>? = nil) throws(StoreError) {
         let e = entries.removeFirst()
-        if let seq { state.landed[e.position] = seq }
+        if let seq {
+            state.landed[e.position] = seq
+            if let nodes { state.partial[e.position] = nodes.sorted() }
+        }
         if entries.isEmpty { state = JournalState() }
         try saveState()
         if unlink(entryPath(e.id)) != 0 && errno != ENOENT {
             throw StoreError(errno: errno, "cannot remove \(entryPath(e.id))")
         }
+        try fsyncDirectory(folder)
+        cache.landed(Self.chunks(of: e.mutations))
+        if entries.isEmpty { cache.landed() }
     }
 
-    /// Queues `batch`; returns the position the model gets for it. Caller holds mutex.
-    private func enqueue(_ batch: Batch, token: String) throws(StoreError) -> ChangeSeq {
+    /// The chunks the versions of `mutations` name.
+    static func chunks(of mutations: [Mutation]) -> [BlobID] {
+        var out: [BlobID] = []
+        for case .putVersion(let v) in mutations { out += v.chunks.lazy.filter { !$0.isHole }.map(\.blob) }
+        return out
+    }
+
+    /// Queues `batch` (`backend`: the server process that had its COMMIT when the answer was
+    /// lost); returns the position the model gets for it. Caller holds mutex.
+    private func enqueue(_ batch: Batch, token: String, backend: Int32? = nil) throws(StoreError) -> ChangeSeq {
+        try cache.hold(Self.chunks(of: batch.mutations))
         let after = max(batch.position > 0 ? batch.position : known, entries.last?.position ?? 0)
         if entries.isEmpty {
             state = JournalState(base: after)
             try saveState()
         }
-        let e = JournalEntry(id: nextID, position: after + 1, token: token, made: nowNanoseconds(), writer: batch.writer,
-                             mutations: batch.mutations, expectations: batch.expectations)
+        let e = JournalEntry(id: nextID, position: after + 1, token: token, backend: backend, made: nowNanoseconds(),
+                             writer: batch.writer, mutations: batch.mutations, expectations: batch.expectations)
         try writeAtomically(try encode(e), to: entryPath(e.id))
         nextID += 1
         entries.append(e)
@@ -237,34 +277,40 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     private func translated(_ expectations: [Expectation]) -> [Expectation] {
         expectations.map { e in
             guard case .nodeAt(let ino, let change) = e, change > state.base else { return e }
-            return .nodeAt(ino: ino, change: state.landed[change] ?? -1)
+            guard let seq = state.landed[change], state.partial[change].map({ $0.contains(ino) }) ?? true else {
+                return .nodeAt(ino: ino, change: -1)
+            }
+            return .nodeAt(ino: ino, change: seq)
         }
     }
 
     private var waitingToSend: Bool { !entries.isEmpty && !state.settling }
 
-    /// Sends the outbox and the queued batches, in order. Caller holds mutex. Throws when the
-    /// servers do not answer (what is left stays queued).
+    /// Sends the queued batches in order, each after the chunks it names. Caller holds mutex.
+    /// Throws when the servers do not answer (what is left stays queued).
     private func send() throws(StoreError) {
-        try cache.uploadWaiting()
         var sent = 0
         while let e = entries.first, !state.settling {
             // Sent before (the answer lost, or this daemon stopped before forgetting it)?
-            if let seq = try inner.landed(token: e.token, backend: 0) {
+            if let seq = try inner.landed(token: e.token, backend: e.backend ?? 0) {
                 try forgetFirst(landedAt: seq)
                 sent += 1
                 continue
             }
+            try cache.upload(Self.chunks(of: e.mutations))
             var unknown: Int32?
+            let seq: ChangeSeq
             do throws(StoreError) {
-                let seq = try inner.commit(Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer),
-                                           token: e.token, unknownOutcome: &unknown)
-                known = max(known, seq)
-                try forgetFirst(landedAt: seq)
-                sent += 1
+                seq = try inner.commit(Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer),
+                                       token: e.token, unknownOutcome: &unknown)
             } catch {
                 if error.kind == .unavailable {
-                    // If its COMMIT may have landed, the token says so at the next try.
+                    if let unknown {
+                        // It may have landed: the token says so at the next try, once that
+                        // server process is gone.
+                        entries[0].backend = unknown
+                        try writeAtomically(try encode(entries[0]), to: entryPath(e.id))
+                    }
                     throw error
                 }
                 // What it expected no longer holds (or the server refuses it): the model settles
@@ -273,15 +319,17 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 try saveState()
                 log("a change made while the store was out of reach no longer applies as it was (\(error.message)); "
                     + "it and the \(entries.count - 1) after it are settled beside what the other machines did")
+                break
             }
+            known = max(known, seq)
+            try forgetFirst(landedAt: seq)
+            sent += 1
         }
         if sent > 0 { log("sent \(sent) change\(sent == 1 ? "" : "s") made while the store was out of reach") }
         mustReload = true
     }
 
-    /// While batches wait: tries the servers (at most once a second) and sends them. True when
-    /// they were sent (or handed to the model).
-    private func trySending() -> Bool {
+    public func sendIfDue() {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
@@ -290,15 +338,18 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             lastTry = now
             return true
         }
-        // The probe runs without the mutex: it may wait out the timeout, and commits must not.
-        guard due, inner.probe() else { return false }
-        return mutex.withLock { () -> Bool in
-            guard waitingToSend else { return mustReload }
+        // The probe and the chunks go without the mutex: they may take long, and commits must
+        // not wait for them.
+        guard due, inner.probe() else { return }
+        do throws(StoreError) { try cache.upload() } catch {
+            log("uploading the chunks written while the store was out of reach failed; tried again later: \(error.message)")
+            return
+        }
+        mutex.withLock {
+            guard waitingToSend else { return }
             do throws(StoreError) { try send() } catch {
                 log("sending the changes made while the store was out of reach failed; tried again later: \(error.message)")
-                return false
             }
-            return true
         }
     }
 
@@ -328,27 +379,30 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 if batch.mutations.isEmpty { return known }
                 throw StoreError(.conflict, "the changes made while the store was out of reach were sent: the namespace is loaded again first")
             }
+            let token = batch.token ?? UUID().uuidString
             if waitingToSend {
                 // Behind the queued batches, in order (a barrier has nothing to wait for: the
                 // journal is on disk).
-                return batch.mutations.isEmpty ? entries.last!.position : try enqueue(batch, token: UUID().uuidString)
+                return batch.mutations.isEmpty ? entries.last!.position : try enqueue(batch, token: token)
             }
-            let token = UUID().uuidString
+            let queues = lockFD != nil && !batch.mutations.isEmpty && !state.settling
             var unknown: Int32?
             do throws(StoreError) {
+                // Chunks written while the servers were out of reach, which this batch may name.
+                if cache.waiting.chunks > 0 { try cache.upload() }
                 let seq = try inner.commit(batch, token: token, unknownOutcome: &unknown)
                 known = max(known, seq)
+                if entries.isEmpty { cache.landed() } else { cache.landed(Self.chunks(of: batch.mutations)) }
                 return seq
             } catch {
                 // While queued batches are being settled, a change that cannot be sent fails.
-                guard error.kind == .unavailable, !batch.mutations.isEmpty, !state.settling else { throw error }
-                return try enqueue(batch, token: token)
+                guard error.kind == .unavailable, queues else { throw error }
+                return try enqueue(batch, token: token, backend: unknown)
             }
         }
     }
 
     public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
-        _ = trySending()
         let queued: [ChangeRecord]? = try mutex.withLock { () throws(StoreError) -> [ChangeRecord]? in
             if mustReload {
                 throw StoreError(.trimmed, "the changes made while the store was out of reach were sent: load the namespace again")
@@ -406,9 +460,12 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
 
     public func capacity() -> StoreCapacity { inner.capacity() }
 
+    /// With the chunks queued batches name: they are not garbage, only not yet named on the servers.
     public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
         try unlessQueued()
-        return try inner.referencedBlobs()
+        var out = try inner.referencedBlobs()
+        mutex.withLock { for e in entries { out.formUnion(Self.chunks(of: e.mutations)) } }
+        return out
     }
 
     public func waitForChanges(_ seconds: Double) {
@@ -429,16 +486,27 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
 
     public func nextUnsettled() -> QueuedBatch? {
         mutex.withLock { () -> QueuedBatch? in
-            guard state.settling, !mustReload, let e = entries.first else { return nil }
-            return QueuedBatch(id: e.id, batch: Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer))
+            while state.settling, !mustReload, let e = entries.first {
+                // Settled before a crash, before the queue could forget it? Its token says.
+                let landed: ChangeSeq?
+                do throws(StoreError) { landed = try inner.landed(token: e.token, backend: e.backend ?? 0) } catch { return nil }
+                guard let landed else {
+                    return QueuedBatch(id: e.id, batch: Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer,
+                                                              token: e.token))
+                }
+                // Which of its nodes it put as they were is no longer known: none, to be safe.
+                do throws(StoreError) { try forgetFirst(landedAt: landed, nodes: []) } catch { return nil }
+            }
+            return nil
         }
     }
 
-    public func settled(_ id: UInt64, at seq: ChangeSeq?) throws(StoreError) {
+    public func settled(_ id: UInt64, at seq: ChangeSeq?, nodes: Set<InodeNumber>?) throws(StoreError) {
         try mutex.withLock { () throws(StoreError) in
             guard entries.first?.id == id else { return }
-            try forgetFirst(landedAt: seq)
+            try forgetFirst(landedAt: seq, nodes: nodes)
             if entries.isEmpty { log("every change made while the store was out of reach is settled") }
         }
     }
+
 }

@@ -64,7 +64,7 @@ final class BlobIDs: @unchecked Sendable {
     private let reserve: (Int) throws(StoreError) -> ClosedRange<Int64>
     private let reachability: Reachability?
     /// Ids reserved at a time, and the fewest left before reserving more.
-    static let batch = 1024, low = 256
+    static let batch = 4096, low = 1024
 
     init(reachability: Reachability? = nil, reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) {
         self.reserve = reserve
@@ -72,7 +72,9 @@ final class BlobIDs: @unchecked Sendable {
     }
 
     /// Reserves the first range now, while the servers answer.
-    func prime() throws(StoreError) { try mutex.withLock { () throws(StoreError) in try topUp(left: 0) } }
+    func prime() throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in if ranges.isEmpty { try topUp(left: 0) } }
+    }
 
     private func topUp(left: Int) throws(StoreError) {
         do throws(StoreError) {
@@ -88,7 +90,11 @@ final class BlobIDs: @unchecked Sendable {
         try mutex.withLock { () throws(StoreError) -> BlobID in
             let left = ranges.reduce(0) { $0 + $1.count }
             // Out of reach, the ids left are used first: asking would wait out the timeout.
-            if left == 0 || (left < Self.low && reachability?.current.online != false) { try topUp(left: left) }
+            let online = reachability?.current.online != false
+            if left == 0 && !online {
+                throw StoreError(.unavailable, "the servers are out of reach and the chunk ids reserved ahead are used up")
+            }
+            if left == 0 || (left < Self.low && online) { try topUp(left: left) }
             let id = ranges[0].lowerBound
             ranges[0] = (id + 1)..<ranges[0].upperBound
             if ranges[0].isEmpty { ranges.removeFirst() }
@@ -137,11 +143,12 @@ public final class PostgresBlobStore: RemoteChunks, @unchecked Sendable {
         }
         try pool.with { (c) throws(StoreError) in
             // Stamped with the server's clock, which every machine's collection shares. Tried
-            // twice at most (see `with`): a first try that landed makes the second a no-op.
+            // twice at most (see `with`): a second put only stamps it again (a chunk put again
+            // before the batch naming it commits must be young to the collection).
             _ = try c.query("""
                 INSERT INTO ubiquityfs.blobs(id, written, data)
                 VALUES($1, (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint, $2)
-                ON CONFLICT (id) DO NOTHING
+                ON CONFLICT (id) DO UPDATE SET written = EXCLUDED.written
                 """, [.int(Int64(bitPattern: id)), .buffer(bytes)])
         }
     }

@@ -170,7 +170,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
         var unknown: Int32?
-        return try commit(batch, token: UUID().uuidString, unknownOutcome: &unknown)
+        return try commit(batch, token: batch.token ?? UUID().uuidString, unknownOutcome: &unknown)
     }
 
     /// Commits `batch` under `token` (the change-log row's, which tells whether it landed).

@@ -95,9 +95,13 @@ public struct Batch: Sendable, Equatable {
     /// The change-log position of the state the batch was staged over (0: not said). A store
     /// that queues batches while its servers are out of reach numbers them on from there.
     public var position: ChangeSeq
+    /// The token its change-log row carries (nil: the store picks one). A batch committed again
+    /// under the same token after a crash is found by it instead of landing twice.
+    public var token: String?
     public init(_ mutations: [Mutation], expecting expectations: [Expectation] = [], writer: String = "",
-                position: ChangeSeq = 0) {
+                position: ChangeSeq = 0, token: String? = nil) {
         self.mutations = mutations; self.expectations = expectations; self.writer = writer; self.position = position
+        self.token = token
     }
 }
 
@@ -106,7 +110,7 @@ public struct Batch: Sendable, Equatable {
 /// of now, keeping what the user wrote.
 public struct QueuedBatch: Sendable, Equatable {
     public var id: UInt64
-    /// Its expectations name change-log positions of now.
+    /// Its expectations name change-log positions of now; its token is the one to commit it with.
     public var batch: Batch
     public init(id: UInt64, batch: Batch) { self.id = id; self.batch = batch }
 }
@@ -135,12 +139,16 @@ public protocol OfflineQueue: AnyObject, Sendable {
     /// be made and written once they do not. A daemon calls this as it starts.
     func prepare() throws(StoreError)
     var queued: QueueState { get }
+    /// Sends the queue if the servers answer again (tried at most once a second; the change
+    /// feed calls this before it reads the change log, and never with the model's locks held).
+    func sendIfDue()
     /// The oldest batch the model has to settle, nil when there is none (or the store must be
     /// loaded again first).
     func nextUnsettled() -> QueuedBatch?
-    /// `id` is settled, at change-log position `seq` (nil: nothing of it was committed), so
-    /// later batches that expected its position expect that one.
-    func settled(_ id: UInt64, at seq: ChangeSeq?) throws(StoreError)
+    /// `id` is settled, committed at change-log position `seq` (nil: nothing of it was), which
+    /// put these of its nodes as it had them (nil: all): later batches that expected its
+    /// position for one of them expect `seq`; for its other nodes, nothing holds.
+    func settled(_ id: UInt64, at seq: ChangeSeq?, nodes: Set<InodeNumber>?) throws(StoreError)
 }
 
 /// A committed batch, as the change log returns it.

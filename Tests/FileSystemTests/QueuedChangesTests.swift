@@ -55,8 +55,10 @@ final class QueuedChangesTests: TwoWritersTestCase {
         try two.catchUp()
         let create = try queuedCreate(docs, "new.txt", b("made offline"))
         let publish = try queuedPublish(f, b("edited offline"))
-        XCTAssertNotNil(try one.settle(create))
-        XCTAssertNotNil(try one.settle(publish))
+        let (created, createdNodes) = try one.settle(create)
+        XCTAssertNotNil(created, "committed")
+        XCTAssertNil(createdNodes, "as it was made: every node as the batch had it")
+        XCTAssertNotNil(try one.settle(publish).0)
         try two.catchUp()
         for fs in [one!, two!] {
             XCTAssertEqual(try fs.names("SugoiApp"), ["new.txt", "plain.txt"])
@@ -71,7 +73,12 @@ final class QueuedChangesTests: TwoWritersTestCase {
         let queued = try queuedCreate(docs, "both.txt", b("A's"))
         try two.makeFile(try two.ino("SugoiApp"), "both.txt", b("B's"))
         try one.catchUp()
-        XCTAssertNotNil(try one.settle(queued))
+        let (seq, nodes) = try one.settle(queued)
+        XCTAssertNotNil(seq)
+        let made = try XCTUnwrap(queued.mutations.compactMap { m -> UInt64? in
+            if case .putDirent(let d) = m { return d.child } else { return nil }
+        }.first)
+        XCTAssertEqual(nodes, [made], "the new file as made; the folder is not as the batch had it")
         try two.catchUp()
         for fs in [one!, two!] {
             XCTAssertEqual(try fs.names("SugoiApp"), ["both 2.txt", "both.txt"])
@@ -110,6 +117,54 @@ final class QueuedChangesTests: TwoWritersTestCase {
         for fs in [one!, two!] {
             XCTAssertEqual(try fs.names("Notes"), ["idea.txt"])
             assertBytes(try fs.contents("Notes/idea.txt"), b("written in a folder deleted elsewhere"))
+        }
+    }
+
+    /// An atomic save (a temporary file renamed over the original) over an original another
+    /// writer changed meanwhile keeps the saved file beside it as a conflict copy, not under
+    /// its temporary name.
+    func testAnOvertakenAtomicSaveIsKeptAsAConflictCopy() throws {
+        let docs = try one.ino("SugoiApp")
+        let original = try one.makeFile(docs, "essay.txt", b("first"))
+        let temp = try one.makeFile(docs, ".essay.txt.swp", b("saved here"))
+        try two.catchUp()
+        let queued = Batch([.putDirent(DirentRecord(parent: docs, name: b("essay.txt"), child: temp)),
+                            .deleteDirent(parent: docs, name: b(".essay.txt.swp")), .moveVersions(from: original, to: temp)],
+                           expecting: [.nameIs(parent: docs, name: b("essay.txt"), child: original),
+                                       .nameIs(parent: docs, name: b(".essay.txt.swp"), child: temp),
+                                       .nodeAt(ino: original, change: change(of: one, original))], writer: "A")
+        try two.writeFile(original, b("edited on B"))
+        try one.catchUp()
+        try one.settle(queued)
+        try two.catchUp()
+        for fs in [one!, two!] {
+            let names = try fs.names("SugoiApp")
+            XCTAssertFalse(names.contains(".essay.txt.swp"), "\(names)")
+            assertBytes(try fs.contents("SugoiApp/essay.txt"), b("edited on B"))
+            let copy = try XCTUnwrap(names.first { $0.hasPrefix("essay (conflict from ") }, "\(names)")
+            assertBytes(try fs.contents("SugoiApp/" + copy), b("saved here"))
+        }
+    }
+
+    /// An unlink of one of two links, overtaken: the name stays and so does the link count.
+    func testAnOvertakenUnlinkKeepsTheLinkCount() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "a.txt", b("linked"))
+        _ = try one.link(f, newParent: docs, newName: b("b.txt"))
+        try two.catchUp()
+        var node = try node(of: one, f)
+        node.nlink = 1
+        node.ctime += 1
+        let queued = Batch([.deleteDirent(parent: docs, name: b("b.txt")), .putNode(node)],
+                           expecting: [.nameIs(parent: docs, name: b("b.txt"), child: f), .nodeAt(ino: f, change: change(of: one, f)),
+                                       .nodeAt(ino: docs, change: change(of: one, docs))], writer: "A")
+        try two.makeFile(try two.ino("SugoiApp"), "other.txt", b("B's"))
+        try one.catchUp()
+        try one.settle(queued)
+        try two.catchUp()
+        for fs in [one!, two!] {
+            XCTAssertEqual(try fs.names("SugoiApp"), ["a.txt", "b.txt", "other.txt"])
+            XCTAssertEqual(try fs.at("SugoiApp/a.txt").nlink, 2, "both names are there, so both links count")
         }
     }
 
