@@ -81,6 +81,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Files whose current version another writer changed, for open documents to follow (done
     /// by the change feed, which holds no document lock: lock order is document, then commits).
     var pendingRebases: Set<InodeNumber> = []   // guarded by commits
+    /// Failed tries to settle each queued batch (the change feed's thread alone uses it).
+    var settleFailures: [UInt64: Int] = [:]
     /// Other writers' changes to replay for programs watching the mount (see WatchEvents.swift).
     var pendingWatches: [PendingWatch] = []   // guarded by commits
     var ghostCount: UInt64 = 0                // guarded by commits

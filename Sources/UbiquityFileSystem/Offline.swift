@@ -28,16 +28,28 @@ extension UbiquityFileSystem {
     /// each catch-up; a failure (servers gone again) leaves the rest for the next call.
     public func settleQueuedChanges() {
         guard let queue = store.offline else { return }
+        // Sent as they were made, into a folder another machine deleted meanwhile: back in sight.
+        for ino in queue.takeSent() { bringBackIfDeletedElsewhere(ino, why: "made or saved here out of reach of the store") }
         while let q = queue.nextUnsettled() {
             do {
                 let (seq, nodes) = try settle(q.batch)
                 do { try queue.settled(q.id, at: seq, nodes: nodes) } catch { throw FSError(error) }
+                settleFailures = [:]
             } catch {
                 log("settling a change made while the store was out of reach failed; tried again later: \(error)")
+                // Out of reach again, it waits; failing for another reason, it must not hold up
+                // the queue for ever.
+                if store.metadata.reachability()?.online != false {
+                    settleFailures[q.id, default: 0] += 1
+                    if settleFailures[q.id]! >= Self.settleAttempts { queue.setAside(q.id); continue }
+                }
                 return
             }
         }
     }
+
+    /// How often a queued batch is tried before it is set aside.
+    static let settleAttempts = 5
 
     /// Commits under the batch's token, so that a crash before the store forgets the batch
     /// does not settle it twice. Returns the position it was committed at (nil: nothing of it

@@ -66,17 +66,22 @@ extension UbiquityFileSystem {
         // file it still writes.
         // The same if a folder it is in went to Recently Deleted whole. Just the file (and the
         // folders it needs) comes back: the other items deleted with it stay deleted.
-        if beside == nil, let (item, r) = ns.read({ () -> (InodeNumber, TrashRecord)? in
-            if let r = state.trashed[doc.ino] { return (doc.ino, r) }
-            guard !state.trashedFolders.isEmpty, let f = trashedAncestorLocked(of: doc.ino), let r = state.trashed[f] else { return nil }
-            return (f, r)
-        }), r.writer != writerID {
-            do {
-                _ = try restoreFromTrash(item, withChildren: false)
-                log("inode \(doc.ino) was deleted on \(r.device) while edited here: the edit brings it back as \(displayPath(of: doc.ino) ?? "?")")
-            } catch { log("inode \(doc.ino) was deleted on \(r.device) while edited here; it stays in Recently Deleted: \(error)") }
-        }
+        if beside == nil { bringBackIfDeletedElsewhere(doc.ino, why: "edited here") }
         if let conflict { makeConflictCopy(conflict) }
+    }
+
+    /// `ino`, if another writer put it (or a folder it is in) in Recently Deleted, comes back from
+    /// there with the folders it needs; the other items deleted with it stay deleted.
+    func bringBackIfDeletedElsewhere(_ ino: InodeNumber, why: String) {
+        guard let (item, r) = ns.read({ () -> (InodeNumber, TrashRecord)? in
+            if let r = state.trashed[ino] { return (ino, r) }
+            guard !state.trashedFolders.isEmpty, let f = trashedAncestorLocked(of: ino), let r = state.trashed[f] else { return nil }
+            return (f, r)
+        }), r.writer != writerID else { return }
+        do {
+            _ = try restoreFromTrash(item, withChildren: false)
+            log("inode \(ino) was deleted on \(r.device) while \(why): it comes back as \(displayPath(of: ino) ?? "?")")
+        } catch { log("inode \(ino) was deleted on \(r.device) while \(why); it stays in Recently Deleted: \(error)") }
     }
 
     /// Count the version being added to `ino`; past the per-file limit (plus slack), stage the

@@ -118,6 +118,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     private var nextID: UInt64 = 1
     /// The queued batches were sent: the model's positions are its own until it loads again.
     private var mustReload = false
+    /// Files made or written by batches sent as they were made (see `takeSent`).
+    private var sentFiles: Set<InodeNumber> = []
     /// The newest position the servers gave (commits, change log, load).
     private var known: ChangeSeq = 0
     /// When the servers were last tried while batches wait (monotonic nanoseconds).
@@ -322,6 +324,10 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 break
             }
             known = max(known, seq)
+            for m in e.mutations {
+                if case .putVersion(let v) = m { sentFiles.insert(v.ino) }
+                if case .putDirent(let d) = m { sentFiles.insert(d.child) }
+            }
             try forgetFirst(landedAt: seq)
             sent += 1
         }
@@ -498,6 +504,33 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 do throws(StoreError) { try forgetFirst(landedAt: landed, nodes: []) } catch { return nil }
             }
             return nil
+        }
+    }
+
+    public func takeSent() -> Set<InodeNumber> {
+        mutex.withLock { () -> Set<InodeNumber> in
+            guard !mustReload else { return [] }
+            defer { sentFiles = [] }
+            return sentFiles
+        }
+    }
+
+    public func setAside(_ id: UInt64) {
+        mutex.withLock {
+            guard let e = entries.first, e.id == id else { return }
+            let aside = folder + "/set-aside"
+            let target = aside + "/" + (entryPath(id) as NSString).lastPathComponent
+            do throws(StoreError) {
+                try makeDirectories(aside, mode: 0o700)
+                guard rename(entryPath(id), target) == 0 else {
+                    throw StoreError(errno: errno, "cannot move \(entryPath(id)) to \(aside)")
+                }
+                try fsyncDirectory(folder)
+                try forgetFirst(landedAt: nil)
+                log("a change made while the store was out of reach could not be settled; it is kept in \(target)")
+            } catch {
+                log("a change made while the store was out of reach could not be settled, nor set aside: \(error.message)")
+            }
         }
     }
 

@@ -149,6 +149,13 @@ public protocol OfflineQueue: AnyObject, Sendable {
     /// put these of its nodes as it had them (nil: all): later batches that expected its
     /// position for one of them expect `seq`; for its other nodes, nothing holds.
     func settled(_ id: UInt64, at seq: ChangeSeq?, nodes: Set<InodeNumber>?) throws(StoreError)
+    /// `id` cannot be settled (it keeps failing): it is kept aside on this machine's disk, named
+    /// in the log, and the queue goes on without it.
+    func setAside(_ id: UInt64)
+    /// The files that queued batches made or wrote and that were sent as they were made, since
+    /// the last call, once the store was loaded again (another machine may have deleted a
+    /// folder they are in meanwhile).
+    func takeSent() -> Set<InodeNumber>
 }
 
 /// A committed batch, as the change log returns it.

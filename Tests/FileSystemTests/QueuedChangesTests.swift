@@ -186,4 +186,56 @@ final class QueuedChangesTests: TwoWritersTestCase {
             assertBytes(try fs.contents("SugoiApp/c.txt"), b("content"))
         }
     }
+
+    /// The queue as the model sees it: batches to settle, and files sent as they were made.
+    final class FakeQueue: OfflineQueue, @unchecked Sendable {
+        let lock = NSLock()
+        var unsettled: [QueuedBatch] = []
+        var sent: Set<InodeNumber> = []
+        var settledIDs: [UInt64] = []
+        var asideIDs: [UInt64] = []
+        func prepare() throws(StoreError) {}
+        var queued: QueueState { QueueState() }
+        func sendIfDue() {}
+        func nextUnsettled() -> QueuedBatch? { lock.withLock { unsettled.first } }
+        func settled(_ id: UInt64, at seq: ChangeSeq?, nodes: Set<InodeNumber>?) throws(StoreError) {
+            lock.withLock { unsettled.removeAll { $0.id == id }; settledIDs.append(id) }
+        }
+        func setAside(_ id: UInt64) { lock.withLock { unsettled.removeAll { $0.id == id }; asideIDs.append(id) } }
+        func takeSent() -> Set<InodeNumber> { lock.withLock { defer { sent = [] }; return sent } }
+    }
+
+    /// A file sent as it was made, into a folder another machine put in Recently Deleted
+    /// meanwhile, comes back from there; a batch that keeps failing is set aside, and the
+    /// queue goes on.
+    func testQueuedFilesComeBackFromRecentlyDeletedAndAStuckBatchIsSetAside() throws {
+        let queue = FakeQueue()
+        let three = try UbiquityFileSystem(store: BackingStore(metadata: store.metadata, blobs: store.blobs, work: MemoryWorkArea(),
+                                                               locks: store.locks, offline: queue),
+                                           containers: Sample.all, view: .drive, device: "C")
+        let docs = try three.ino("Notes")
+        let folder = try three.mkdir(parent: docs, name: b("Trip"), mode: 0o755, caller: owner).ino
+        let file = try three.makeFile(folder, "plan.txt", b("day one"))
+        try two.catchUp()
+        try two.unlink(parent: try two.ino("Notes/Trip"), name: b("plan.txt"))
+        try two.rmdir(parent: try two.ino("Notes"), name: b("Trip"))
+        try three.catchUp()
+        XCTAssertEqual(try three.names("Notes"), [])
+        // The batch that made it landed as it was (its folder and name were unchanged then).
+        queue.sent = [file]
+        // A batch that can never commit: a version whose id another batch already used.
+        let bad = Batch([.putVersion(VersionRecord(id: try XCTUnwrap(three.ns.read { three.state.nodes[file]?.currentVersion }),
+                                                   ino: file, created: 0, size: 0, chunks: [], origin: .published, device: "C"))],
+                        writer: "C")
+        let good = try queuedCreate(docs, "after.txt", b("goes on"))
+        queue.unsettled = [QueuedBatch(id: 1, batch: bad), QueuedBatch(id: 2, batch: good)]
+        for _ in 0..<FakeQueueTries.count { three.settleQueuedChanges() }
+        XCTAssertEqual(try three.names("Notes/Trip"), ["plan.txt"], "back in sight")
+        assertBytes(try three.contents("Notes/Trip/plan.txt"), b("day one"))
+        XCTAssertEqual(queue.asideIDs, [1])
+        XCTAssertEqual(queue.settledIDs, [2])
+        XCTAssertEqual(try three.names("Notes"), ["Trip", "after.txt"])
+    }
+
+    enum FakeQueueTries { static let count = UbiquityFileSystem.settleAttempts + 1 }
 }
