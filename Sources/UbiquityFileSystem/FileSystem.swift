@@ -82,7 +82,9 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// by the change feed, which holds no document lock: lock order is document, then commits).
     var pendingRebases: Set<InodeNumber> = []   // guarded by commits
     /// Failed tries to settle each queued batch (the change feed's thread alone uses it).
-    var settleFailures: [UInt64: Int] = [:]
+    var settleFailures: [UInt64: (count: Int, next: UInt64)] = [:]
+    /// The first wait before a queued batch that failed to settle is tried again (doubling).
+    var settleBackoff: UInt64 = 1_000_000_000
     /// Other writers' changes to replay for programs watching the mount (see WatchEvents.swift).
     var pendingWatches: [PendingWatch] = []   // guarded by commits
     var ghostCount: UInt64 = 0                // guarded by commits

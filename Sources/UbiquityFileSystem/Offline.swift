@@ -30,7 +30,9 @@ extension UbiquityFileSystem {
         guard let queue = store.offline else { return }
         // Sent as they were made, into a folder another machine deleted meanwhile: back in sight.
         for ino in queue.takeSent() { bringBackIfDeletedElsewhere(ino, why: "made or saved here out of reach of the store") }
+        let now = monotonicNanoseconds()
         while let q = queue.nextUnsettled() {
+            if let f = settleFailures[q.id], now < f.next { return }   // backing off
             do {
                 let (seq, nodes) = try settle(q.batch)
                 do { try queue.settled(q.id, at: seq, nodes: nodes) } catch { throw FSError(error) }
@@ -40,8 +42,12 @@ extension UbiquityFileSystem {
                 // Out of reach again, it waits; failing for another reason, it must not hold up
                 // the queue for ever.
                 if store.metadata.reachability()?.online != false {
-                    settleFailures[q.id, default: 0] += 1
-                    if settleFailures[q.id]! >= Self.settleAttempts { queue.setAside(q.id); continue }
+                    var f = settleFailures[q.id] ?? (count: 0, next: 0)
+                    f.count += 1
+                    // 1 s, 2 s, 4 s, 8 s between tries: a passing failure does not set it aside.
+                    f.next = now + (UInt64(1) << min(f.count - 1, 10)) * settleBackoff
+                    settleFailures[q.id] = f
+                    if f.count >= Self.settleAttempts { queue.setAside(q.id) }
                 }
                 return
             }
@@ -159,8 +165,10 @@ extension UbiquityFileSystem {
                     if publishes && unchanged(v.ino) {
                         s.add(m)
                         if let ours = last[v.ino] {
+                            // Its content and attributes; its names and link count as they are now.
                             n.currentVersion = v.id
                             n.size = ours.size
+                            n.mode = ours.mode; n.uid = ours.uid; n.gid = ours.gid; n.atime = ours.atime
                             n.mtime = max(n.mtime, ours.mtime)
                             n.ctime = max(n.ctime, ours.ctime)
                         }
@@ -208,7 +216,7 @@ extension UbiquityFileSystem {
             case .putDirent(let d):
                 if let saved = s.node(d.child), saved.kind == .regular, let target = now.children[d.parent]?[d.name],
                    target != d.child, now.nodes[target]?.kind == .regular, let (from, fromName) = now.firstName(of: d.child),
-                   s.node(d.parent)?.kind == .directory {
+                   batch.mutations.contains(.deleteDirent(parent: from, name: fromName)), s.node(d.parent)?.kind == .directory {
                     // An atomic save (a temporary file renamed over the original) over a file
                     // another machine changed meanwhile: the saved file goes beside the
                     // original as its conflict copy rather than under its temporary name.

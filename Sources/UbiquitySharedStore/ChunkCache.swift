@@ -186,6 +186,13 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         try mark(again)
     }
 
+    /// The chunks in the outbox.
+    var outboxIDs: [BlobID] {
+        condition.lock()
+        defer { condition.unlock() }
+        return Array(outbox.keys)
+    }
+
     /// Chunks waiting to be uploaded, and their bytes.
     public var waiting: (chunks: Int, bytes: Int64) {
         condition.lock()
@@ -207,7 +214,15 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
         defer { buffer.deallocate() }
         for id in due {
-            let n = try local.read(id, at: 0, into: buffer)
+            let n: Int
+            do throws(StoreError) { n = try local.read(id, at: 0, into: buffer) } catch {
+                guard error.kind == .notFound else { throw error }
+                // Gone from this disk (removed by hand?): nothing to upload, ever. The batch
+                // naming it reads EIO there; the queue must not stop on it.
+                log("chunk \(String(id, radix: 16)) waited to be uploaded but its local copy is gone")
+                landed([id])
+                continue
+            }
             try remote.put(id, UnsafeRawBufferPointer(rebasing: buffer[..<n]))
             condition.lock()
             uploaded[id] = monotonicNow()
@@ -216,11 +231,11 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         log("uploaded \(due.count) chunk\(due.count == 1 ? "" : "s") written while the servers were out of reach")
     }
 
-    /// A batch naming `ids` landed (all of the outbox when nil: nothing queued names any): they
-    /// leave the outbox, and are cached as any other chunk.
-    func landed(_ ids: [BlobID]? = nil) {
+    /// A batch naming `ids` landed and no queued batch names them: they leave the outbox, and
+    /// are cached as any other chunk.
+    func landed(_ ids: [BlobID]) {
         condition.lock()
-        let gone = (ids ?? Array(outbox.keys)).filter { outbox[$0] != nil }
+        let gone = ids.filter { outbox[$0] != nil }
         for id in gone {
             outbox[id] = nil
             uploaded[id] = nil

@@ -118,6 +118,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     private var nextID: UInt64 = 1
     /// The queued batches were sent: the model's positions are its own until it loads again.
     private var mustReload = false
+    /// Queued batches whose token was looked up in the change log and not found.
+    private var checkedTokens: Set<UInt64> = []
     /// Files made or written by batches sent as they were made (see `takeSent`).
     private var sentFiles: Set<InodeNumber> = []
     /// The newest position the servers gave (commits, change log, load).
@@ -174,6 +176,16 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         }
         entries.sort { $0.id < $1.id }
         nextID = (entries.last?.id ?? 0) + 1
+        if entries.isEmpty {
+            // A state left by a crash after the last entry went (settling with nothing to settle).
+            if state != JournalState() {
+                state = JournalState()
+                try saveState()
+            }
+            // Chunks a crash left in the outbox with no batch naming them: their batch landed,
+            // or never was; either way nothing waits for them.
+            cache.landed(cache.outboxIDs)
+        }
         if !entries.isEmpty {
             log("\(entries.count) change\(entries.count == 1 ? "" : "s") made while the store was out of reach "
                 + (state.settling ? "wait to be settled" : "wait to be sent"))
@@ -231,7 +243,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     /// Forgets the oldest entry, which landed at `seq` (nil: it was settled with nothing
     /// committed) with `nodes` as it had them (nil: all). The state first: a crash before the
     /// entry goes leaves it to be found by its token.
-    private func forgetFirst(landedAt seq: ChangeSeq?, nodes: Set<InodeNumber>? = nil) throws(StoreError) {
+    private func forgetFirst(landedAt seq: ChangeSeq?, nodes: Set<InodeNumber>? = nil,
+                             releasing release: Bool = true) throws(StoreError) {
         let e = entries.removeFirst()
         if let seq {
             state.landed[e.position] = seq
@@ -243,8 +256,15 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             throw StoreError(errno: errno, "cannot remove \(entryPath(e.id))")
         }
         try fsyncDirectory(folder)
-        cache.landed(Self.chunks(of: e.mutations))
-        if entries.isEmpty { cache.landed() }
+        if release { cache.landed(stillUnnamed(Self.chunks(of: e.mutations))) }
+    }
+
+    /// Those of `chunks` no queued batch names (they may leave the outbox). Caller holds mutex.
+    private func stillUnnamed(_ chunks: [BlobID]) -> [BlobID] {
+        guard !entries.isEmpty else { return chunks }
+        var named: Set<BlobID> = []
+        for e in entries { named.formUnion(Self.chunks(of: e.mutations)) }
+        return chunks.filter { !named.contains($0) }
     }
 
     /// The chunks the versions of `mutations` name.
@@ -299,6 +319,12 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 sent += 1
                 continue
             }
+            if e.backend != nil {
+                // That server process is gone and the batch did not land: never end that
+                // process number again (it may be another session's by now).
+                entries[0].backend = nil
+                try writeAtomically(try encode(entries[0]), to: entryPath(e.id))
+            }
             try cache.upload(Self.chunks(of: e.mutations))
             var unknown: Int32?
             let seq: ChangeSeq
@@ -340,7 +366,9 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         clock_gettime(CLOCK_MONOTONIC, &ts)
         let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
         let due = mutex.withLock { () -> Bool in
-            guard waitingToSend, now &- lastTry >= Self.retryInterval else { return false }
+            guard waitingToSend || (state.settling && cache.waiting.chunks > 0), now &- lastTry >= Self.retryInterval else {
+                return false
+            }
             lastTry = now
             return true
         }
@@ -394,11 +422,13 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             let queues = lockFD != nil && !batch.mutations.isEmpty && !state.settling
             var unknown: Int32?
             do throws(StoreError) {
-                // Chunks written while the servers were out of reach, which this batch may name.
-                if cache.waiting.chunks > 0 { try cache.upload() }
+                // Chunks of this batch written while the servers were out of reach (or when an
+                // upload failed) go first.
+                let chunks = Self.chunks(of: batch.mutations)
+                if cache.waiting.chunks > 0 { try cache.upload(chunks) }
                 let seq = try inner.commit(batch, token: token, unknownOutcome: &unknown)
                 known = max(known, seq)
-                if entries.isEmpty { cache.landed() } else { cache.landed(Self.chunks(of: batch.mutations)) }
+                if cache.waiting.chunks > 0 { cache.landed(stillUnnamed(chunks)) }
                 return seq
             } catch {
                 // While queued batches are being settled, a change that cannot be sent fails.
@@ -493,9 +523,13 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     public func nextUnsettled() -> QueuedBatch? {
         mutex.withLock { () -> QueuedBatch? in
             while state.settling, !mustReload, let e = entries.first {
-                // Settled before a crash, before the queue could forget it? Its token says.
-                let landed: ChangeSeq?
-                do throws(StoreError) { landed = try inner.landed(token: e.token, backend: e.backend ?? 0) } catch { return nil }
+                // Settled before a crash, before the queue could forget it? Its token says (asked
+                // once per batch: this is called a few times a second while one waits).
+                var landed: ChangeSeq?
+                if !checkedTokens.contains(e.id) {
+                    do throws(StoreError) { landed = try inner.landed(token: e.token, backend: 0) } catch { return nil }
+                    if landed == nil { checkedTokens.insert(e.id) }
+                }
                 guard let landed else {
                     return QueuedBatch(id: e.id, batch: Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer,
                                                               token: e.token))
@@ -526,7 +560,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                     throw StoreError(errno: errno, "cannot move \(entryPath(id)) to \(aside)")
                 }
                 try fsyncDirectory(folder)
-                try forgetFirst(landedAt: nil)
+                // Its chunks stay in the outbox (kept on this machine): the file names them.
+                try forgetFirst(landedAt: nil, releasing: false)
                 log("a change made while the store was out of reach could not be settled; it is kept in \(target)")
             } catch {
                 log("a change made while the store was out of reach could not be settled, nor set aside: \(error.message)")
