@@ -7,7 +7,7 @@ import Glibc
 import XCTest
 
 final class SharedStoreMountTests: SharedStoreTestCase {
-    private var second: String { workDir + "/mnt2" }
+    fileprivate var second: String { workDir + "/mnt2" }
 
     private func mountBoth(extra: [String] = []) throws {
         try mount(extra: TwoMountsTests.longCache + extra)
@@ -148,7 +148,7 @@ final class SharedStoreMountTests: SharedStoreTestCase {
 /// `evict` and `pin` do, the cache's size limit, read-ahead.
 final class SharedStoreCacheTests: SharedStoreTestCase {
     override var chunksOption: String? { bucketOption() }
-    private var second: String { workDir + "/mnt2" }
+    fileprivate var second: String { workDir + "/mnt2" }
 
     private func status(_ path: String) -> String? { try? Posix.getxattr(path, "user.ubiquity.status").get() }
 
@@ -238,11 +238,11 @@ final class SharedStoreCacheTests: SharedStoreTestCase {
 /// test's own, reaching the servers over a bridge (scripts/services --bridge), and the test takes
 /// its link down. What A already has keeps working, what needs the servers fails within the
 /// timeout instead of hanging, and once the link is back A catches up with what B did meanwhile.
-final class SharedStoreOfflineTests: SharedStoreTestCase {
-    private var second: String { workDir + "/mnt2" }
-    private var namespace = ""
-    private var hostEnd = ""
-    private let inside = "ubq0"
+class SharedStoreOfflineTests: SharedStoreTestCase {
+    fileprivate var second: String { workDir + "/mnt2" }
+    fileprivate var namespace = ""
+    fileprivate var hostEnd = ""
+    fileprivate let inside = "ubq0"
 
     override func setUpWithError() throws {
         try super.setUpWithError()
@@ -290,12 +290,12 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
                 "--local", localFolder(at: mnt), "--timeout", "3"]
     }
 
-    private func link(_ state: String) {
+    fileprivate func link(_ state: String) {
         let r = Command.run(["ip", "-n", namespace, "link", "set", inside, state], timeout: 20)
         XCTAssertTrue(r.succeeded, "\(r)")
     }
 
-    private func timed<T>(_ body: () -> T) -> (T, Double) {
+    fileprivate func timed<T>(_ body: () -> T) -> (T, Double) {
         let start = Date()
         let result = body()
         return (result, Date().timeIntervalSince(start))
@@ -430,6 +430,46 @@ final class SharedStoreOfflineTests: SharedStoreTestCase {
         eventually("the queued change on B") { Posix.readText(b + "/queued.txt") == "queued, then the daemon was killed\n" }
         XCTAssertEqual(Posix.readText(a + "/queued.txt"), "queued, then the daemon was killed\n")
         XCTAssertTrue(ubiquityfs(["status", mountPoint]).stdout.contains("queued: none"))
+        try unmount(at: second)
+        try unmount()
+    }
+}
+
+/// The same cut-off machine with its chunks in the object store (every test above runs again so),
+/// and the object store alone out of reach while PostgreSQL answers.
+final class SharedStoreObjectStoreOfflineTests: SharedStoreOfflineTests {
+    override var chunksOption: String? { bucketOption() }
+
+    override func storeArguments(at mnt: String) -> [String] {
+        var arguments = super.storeArguments(at: mnt)
+        // Machine A reaches the bucket through the bridge: its own endpoint for it.
+        if mnt == mountPoint, let host = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_BRIDGE_HOST"] {
+            arguments += ["--chunks", bucketOption().replacingOccurrences(of: "127.0.0.1", with: host)]
+        }
+        return arguments
+    }
+
+    /// A save whose chunks cannot be uploaded is queued, not committed naming chunks no other
+    /// machine can read: B never reads anything but what A saved, once it can.
+    func testASaveWaitsForItsChunksWhenOnlyTheObjectStoreIsOutOfReach() throws {
+        try mount(extra: TwoMountsTests.longCache)
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache, at: second)
+        let a = docs("TestDrive"), b = second + "/TestDrive"
+        let rule = ["OUTPUT", "-o", inside, "-p", "tcp", "--dport", "57480", "-j", "DROP"]
+        XCTAssertTrue(Command.run(["ip", "netns", "exec", namespace, "iptables", "-I"] + rule, timeout: 20).succeeded)
+        XCTAssertEqual(Posix.writeFile(a + "/saved.txt", "saved while the object store was away\n"), 0)
+        XCTAssertEqual(Posix.readText(a + "/saved.txt"), "saved while the object store was away\n")
+        let queued = ubiquityfs(["status", mountPoint])
+        XCTAssertNotNil(queued.stdout.range(of: #"queued: [1-9][0-9]* changes?, 1 chunk"#, options: .regularExpression), queued.stdout)
+        // B may see the name (made before the content), never content it cannot read.
+        usleep(500_000)
+        if let seen = Posix.readText(b + "/saved.txt") { XCTAssertEqual(seen, "", "only the empty file made first") }
+        XCTAssertTrue(Command.run(["ip", "netns", "exec", namespace, "iptables", "-D"] + rule, timeout: 20).succeeded)
+        eventually("the save on B once the object store answers", seconds: 30) {
+            Posix.readText(b + "/saved.txt") == "saved while the object store was away\n"
+        }
+        eventually("nothing queued") { self.ubiquityfs(["status", self.mountPoint]).stdout.contains("queued: none") }
         try unmount(at: second)
         try unmount()
     }
