@@ -188,15 +188,22 @@ final class PGConnection {
     func connect() throws(StoreError) {
         if let conn, PQstatus(conn) == CONNECTION_OK { return }
         drop()
-        let keys = ["dbname", "connect_timeout", "application_name", "keepalives", "keepalives_idle",
+        var keys = ["dbname", "connect_timeout", "application_name", "keepalives", "keepalives_idle",
                     "keepalives_interval", "keepalives_count", "tcp_user_timeout", "options"]
         let seconds = max(2, Int(target.timeout.rounded(.up)))
         // The server ends a transaction whose client went quiet (a machine that lost its link
         // after taking the row every commit needs would otherwise stall every other machine
         // until TCP gave up, hours later). Commits are always durable.
         let options = "-c idle_in_transaction_session_timeout=\(seconds * 2000) -c synchronous_commit=on"
-        let values = [target.url, String(seconds), target.applicationName, "1", String(max(1, seconds / 2)), "1",
+        var values = [target.url, String(seconds), target.applicationName, "1", String(max(1, seconds / 2)), "1",
                       String(max(1, seconds / 2)), String(seconds * 1000), options]
+        // A host name is looked up here, within the timeout: libpq's own lookup blocks, for as
+        // long as the resolver tries servers that do not answer. libpq still uses the name for
+        // the password file and TLS.
+        if let host = hostName(of: target.url) {
+            keys.append("hostaddr")
+            values.append(try lookUp(host, timeout: target.timeout))
+        }
         let ckeys = keys.map { strdup($0) } + [nil]
         let cvalues = values.map { strdup($0) } + [nil]
         defer {
@@ -204,8 +211,7 @@ final class PGConnection {
             cvalues.forEach { free($0) }
         }
         // Started, then driven with poll() and one deadline: PQconnectdbParams would wait
-        // connect_timeout for each address the name has. (A host name's lookup itself still
-        // blocks inside libpq; an address does not.)
+        // connect_timeout for each address the name has.
         let handle = ckeys.map { UnsafePointer($0) }.withUnsafeBufferPointer { k in
             cvalues.map { UnsafePointer($0) }.withUnsafeBufferPointer { v in
                 PQconnectStartParams(k.baseAddress, v.baseAddress, 1)
@@ -458,6 +464,65 @@ private func withParameters<R>(_ params: [PGValue],
 }
 
 /// The URL without anything after `?` (options may name files) and without a user's password.
+/// The one host name (not an address, a socket folder or a list) a connection string names.
+func hostName(of url: String) -> String? {
+    guard let options = PQconninfoParse(url, nil) else { return nil }
+    defer { PQconninfoFree(options) }
+    var host: String?, hostaddr: String?
+    var i = 0
+    while let keyword = options[i].keyword {
+        if let value = options[i].val {
+            switch String(cString: keyword) {
+            case "host": host = String(cString: value)
+            case "hostaddr": hostaddr = String(cString: value)
+            default: break
+            }
+        }
+        i += 1
+    }
+    guard let host, !host.isEmpty, hostaddr == nil, !host.hasPrefix("/"), !host.hasPrefix("@"), !host.contains(",") else { return nil }
+    var v4 = in_addr(), v6 = in6_addr()
+    if inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1 { return nil }
+    return host
+}
+
+/// The first address of `host`, looked up on a thread of its own so that the caller waits at
+/// most `timeout` seconds (a lookup that outlasts it finishes unheeded).
+func lookUp(_ host: String, timeout: Double) throws(StoreError) -> String {
+    final class Answer: @unchecked Sendable {
+        let done = DispatchSemaphore(value: 0)
+        let lock = NSLock()
+        var address: String?   // guarded by lock
+        var failure = ""       // guarded by lock
+    }
+    let answer = Answer()
+    Thread.detachNewThread {
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var found: UnsafeMutablePointer<addrinfo>?
+        let rc = getaddrinfo(host, nil, &hints, &found)
+        var text: String?
+        if rc == 0, let first = found {
+            var buffer = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+            if getnameinfo(first.pointee.ai_addr, first.pointee.ai_addrlen, &buffer, socklen_t(buffer.count), nil, 0, NI_NUMERICHOST) == 0 {
+                text = String(cString: buffer)
+            }
+        }
+        if let found { freeaddrinfo(found) }
+        answer.lock.withLock {
+            answer.address = text
+            if text == nil { answer.failure = rc == 0 ? "no address" : String(cString: gai_strerror(rc)) }
+        }
+        answer.done.signal()
+    }
+    guard answer.done.wait(timeout: .now() + timeout) == .success else {
+        throw StoreError(.unavailable, "looking up \(host) took longer than \(timeout) s")
+    }
+    let (address, failure) = answer.lock.withLock { (answer.address, answer.failure) }
+    guard let address else { throw StoreError(.unavailable, "cannot look up \(host): \(failure)") }
+    return address
+}
+
 func redacted(_ url: String) -> String {
     String(url.split(separator: "?", maxSplits: 1).first ?? "")
 }

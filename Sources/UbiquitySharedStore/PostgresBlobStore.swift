@@ -37,7 +37,15 @@ final class PGPool: @unchecked Sendable {
 
     private func once<R>(_ body: (PGConnection) throws(StoreError) -> R) throws(StoreError) -> R {
         condition.lock()
-        while idle.isEmpty && made >= limit { condition.wait() }
+        // Every connection busy for the whole timeout: the server is not answering them.
+        let deadline = Date().addingTimeInterval(target.timeout)
+        while idle.isEmpty && made >= limit {
+            if !condition.wait(until: deadline) && idle.isEmpty && made >= limit {
+                condition.unlock()
+                throw StoreError(.unavailable, "PostgreSQL at \(redacted(target.url)): no connection of the pool came free within "
+                                 + "\(target.timeout) s")
+            }
+        }
         let c: PGConnection
         if let last = idle.popLast() {
             c = last
@@ -190,7 +198,16 @@ public final class PostgresBlobStore: RemoteChunks, @unchecked Sendable {
 
     public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
         try pool.with { (c) throws(StoreError) -> [BlobID] in
-            let r = try c.query("SELECT id FROM ubiquityfs.blobs WHERE written < $1", [.int(cutoff ?? Int64.max)])
+            guard let cutoff else {
+                let r = try c.query("SELECT id FROM ubiquityfs.blobs")
+                return (0..<r.count).map { r.uint($0, 0) }
+            }
+            // `written` is the server's clock: the cutoff goes as an age, counted back from the
+            // server's now, so a machine whose clock runs ahead never takes a young chunk for an old one.
+            let r = try c.query("""
+                SELECT id FROM ubiquityfs.blobs
+                WHERE written < (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint - $1
+                """, [.int(nowNanoseconds() - cutoff)])
             return (0..<r.count).map { r.uint($0, 0) }
         }
     }

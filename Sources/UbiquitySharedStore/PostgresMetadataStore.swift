@@ -220,6 +220,14 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         try mutex.withLock { () throws(StoreError) -> ChangeSeq? in try landedLocked(token: token, backend: backend) }
     }
 
+    /// The server's clock, in nanoseconds since the epoch (the clock chunks are judged old by:
+    /// the servers' clocks are taken to agree, a machine's may not).
+    func serverNanoseconds() throws(StoreError) -> Int64 {
+        try mutex.withLock { () throws(StoreError) -> Int64 in
+            try connection.query("SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint").int(0, 0)
+        }
+    }
+
     /// Whether the servers answer now (one short statement).
     func probe() -> Bool {
         (try? mutex.withLock { () throws(StoreError) in _ = try connection.query("SELECT 1") }) != nil

@@ -159,10 +159,15 @@ final class S3Client: @unchecked Sendable {
 
     deinit { for h in idle { curl_easy_cleanup(h) } }
 
+    /// A free handle; nil when none was made or freed within the timeout (every handle is
+    /// busy waiting for a service that does not answer).
     private func handle() -> UnsafeMutableRawPointer? {
         condition.lock()
         defer { condition.unlock() }
-        while idle.isEmpty && made >= limit { condition.wait() }
+        let deadline = Date().addingTimeInterval(timeout)
+        while idle.isEmpty && made >= limit {
+            if !condition.wait(until: deadline) && idle.isEmpty && made >= limit { return nil }
+        }
         if let h = idle.popLast() { return h }
         guard let h = curl_easy_init() else { return nil }
         made += 1
@@ -215,7 +220,7 @@ final class S3Client: @unchecked Sendable {
     }
 
     private func once(_ method: String, _ url: String, range: ClosedRange<Int>?, _ x: Exchange) -> (CURLcode, Int) {
-        guard let h = handle() else { return (CURLE_OUT_OF_MEMORY, 0) }
+        guard let h = handle() else { return (CURLE_OPERATION_TIMEDOUT, 0) }
         defer { giveBack(h) }
         curl_easy_reset(h)
         var headers: UnsafeMutablePointer<curl_slist>?
@@ -288,9 +293,15 @@ public final class S3BlobStore: RemoteChunks, @unchecked Sendable {
     private let ids: BlobIDs
     private var keyPrefix: String { client.location.prefix.isEmpty ? "chunks/" : client.location.prefix + "/chunks/" }
 
-    init(_ location: S3Location, timeout: Double, ids: BlobIDs, reachability: Reachability? = nil) throws(StoreError) {
+    /// The servers' clock (nanoseconds since the epoch), which the collection's cutoff is read
+    /// against: nil, this machine's.
+    private let serverClock: (() throws(StoreError) -> Int64)?
+
+    init(_ location: S3Location, timeout: Double, ids: BlobIDs, reachability: Reachability? = nil,
+         serverClock: (() throws(StoreError) -> Int64)? = nil) throws(StoreError) {
         client = try S3Client(location, timeout: timeout, reachability: reachability)
         self.ids = ids
+        self.serverClock = serverClock
     }
 
     /// The object that says which store the bucket's chunks (under the prefix) belong to.
@@ -384,8 +395,13 @@ public final class S3BlobStore: RemoteChunks, @unchecked Sendable {
         return n == Int(ref.length) && bytes.withUnsafeBytes { contentChecksum(UnsafeRawBufferPointer(rebasing: $0.prefix(n))) } == ref.checksum
     }
 
-    public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
+    public func allBlobs(writtenBefore localCutoff: Int64?) throws(StoreError) -> [BlobID] {
         var out: [BlobID] = []
+        // The object store stamps objects with its own clock: the cutoff is an age, counted back
+        // from the servers' now, so a machine whose clock runs ahead never takes a young chunk
+        // for an old one.
+        var cutoff = localCutoff
+        if let localCutoff, let serverClock { cutoff = try serverClock() - (nowNanoseconds() - localCutoff) }
         // Pages follow the last key (start-after), not continuation tokens: curl 7.88 signs a
         // query holding an encoded token differently from how the service checks it.
         var after: String?

@@ -180,7 +180,8 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
                                  ids: BlobIDs(reachability: reachability) { (count) throws(StoreError) in
                                      try metadata.reserveBlobs(count)
                                  },
-                                 reachability: reachability)
+                                 reachability: reachability,
+                                 serverClock: { () throws(StoreError) in try metadata.serverNanoseconds() })
         // The bucket this machine reaches must be the store's: a wrong endpoint or a service with
         // a bucket of the same name would take chunks the other machines never find.
         let id = try storeID(config, url: url)

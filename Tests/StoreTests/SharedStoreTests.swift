@@ -228,12 +228,27 @@ final class PostgresStoreTests: XCTestCase {
     /// A server that cannot be reached is `unavailable` within the timeout, not a hang.
     func testAnUnreachableServerFailsWithinTheTimeout() throws {
         // A port nothing listens on, and an address that drops packets (TEST-NET-1).
-        for url in ["postgres://ubiquityfs@127.0.0.1:9/ubiquityfs", "postgres://ubiquityfs@192.0.2.1:5432/ubiquityfs"] {
+        // And a name no resolver knows (looked up within the timeout too, not inside libpq).
+        for url in ["postgres://ubiquityfs@127.0.0.1:9/ubiquityfs", "postgres://ubiquityfs@192.0.2.1:5432/ubiquityfs",
+                    "postgres://ubiquityfs@no-such-host.invalid:5432/ubiquityfs"] {
             let start = Date()
             let error = assertStoreError(EHOSTUNREACH) { _ = try PostgresMetadataStore(url: url, timeout: 2) }
             XCTAssertEqual(error?.kind, .unavailable)
             XCTAssertLessThan(Date().timeIntervalSince(start), 10, url)
         }
+    }
+
+    /// A host name is looked up by the store (libpq's lookup would block past the timeout), and
+    /// connecting by name works.
+    func testAHostNameIsLookedUpWithinTheTimeout() throws {
+        XCTAssertEqual(hostName(of: "postgres://u@db.example.net:5432/d"), "db.example.net")
+        XCTAssertNil(hostName(of: "postgres://u@127.0.0.1/d"), "an address needs no lookup")
+        XCTAssertNil(hostName(of: "postgres://u@[::1]/d"))
+        XCTAssertNil(hostName(of: "postgresql:///d?host=/run/postgresql"), "a socket folder")
+        XCTAssertNil(hostName(of: "postgres://u@a,b/d"), "several hosts are libpq's to try")
+        XCTAssertTrue(["127.0.0.1", "::1"].contains(try lookUp("localhost", timeout: 5)))
+        let error = assertStoreError(EHOSTUNREACH) { _ = try lookUp("no-such-host.invalid", timeout: 2) }
+        XCTAssertEqual(error?.kind, .unavailable)
     }
 
     /// The change feed's wait returns early when another machine commits.
