@@ -69,6 +69,7 @@ extension UbiquityFileSystem {
                     if case .putNode(let n) = m { s.put(n) } else { s.add(m) }
                 }
             }
+            invalidateNamesOf(batch)
             return (position, nil)
         } catch let e as StoreError where e.kind == .conflict {
             // Staged again below.
@@ -81,6 +82,7 @@ extension UbiquityFileSystem {
             copies = []; restore = []; notes = []
             kept = salvage(batch, into: &s, copies: &copies, restore: &restore, notes: &notes)
         }
+        invalidateNamesOf(batch)
         for n in notes { log(n) }
         for ino in restore {
             do { _ = try restoreFromTrash(ino, withChildren: false) } catch {
@@ -89,6 +91,24 @@ extension UbiquityFileSystem {
         }
         for c in copies { makeConflictCopy(c) }
         return (position, kept)
+    }
+
+    /// The kernel may hold what the mount showed between loading the store again and settling
+    /// `batch` (its items absent, names it made unknown, for as long as the cache time): it
+    /// forgets the names and nodes the batch touches.
+    private func invalidateNamesOf(_ batch: Batch) {
+        var out: [KernelInvalidation] = []
+        for m in batch.mutations {
+            switch m {
+            case .putDirent(let d): out += [.entry(parent: d.parent, name: d.name), .node(d.parent), .node(d.child)]
+            case .deleteDirent(let parent, let name): out += [.entry(parent: parent, name: name), .node(parent)]
+            case .putNode(let n): out.append(.node(n.ino))
+            case .putXattr(let x): out.append(.node(x.ino))
+            case .deleteXattr(let ino, _): out.append(.node(ino))
+            default: break
+            }
+        }
+        commits.withLock { pendingInvalidations += out }
     }
 
     /// Stages what of `batch` can be kept over the state of now (see the top of this file).

@@ -64,7 +64,8 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     private var outbox: [BlobID: Int64] = [:]
     /// When chunks of the outbox were last uploaded (monotonic nanoseconds).
     private var uploaded: [BlobID: UInt64] = [:]
-    /// Chunks uploaded as they were written, in the last minutes (see `hold`).
+    /// Chunks uploaded as they were written, in the last day, that no landed batch names yet
+    /// (see `hold`).
     private var recent: [BlobID: UInt64] = [:]
     private var downloads: [BlobID: Download] = [:]
     private var prefetching = 0
@@ -131,7 +132,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
                     added(id, size: Int64(bytes.count))
                     condition.lock()
                     recent[id] = monotonicNow()
-                    if recent.count > 4096 { recent = recent.filter { monotonicNow() &- $0.value < Self.recentNanoseconds } }
+                    if recent.count > 200_000 { recent = recent.filter { monotonicNow() &- $0.value < Self.writtenWindow } }
                     condition.unlock()
                 }
                 return ref
@@ -171,19 +172,26 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         if made { try fsyncDirectory(outboxPath) }
     }
 
-    /// A batch naming `chunks` is queued: those this machine uploaded a moment ago go in the
-    /// outbox too, to be uploaded again right before the batch is sent (a chunk no version names
+    /// A batch naming `chunks` is queued: those this machine wrote that no landed batch names
+    /// yet (and it still has) go in the outbox too, to be uploaded again right before the batch is sent (a chunk no version names
     /// is the collection's once it is old, and the batch may wait long).
     func hold(_ chunks: [BlobID]) throws(StoreError) {
         condition.lock()
         let now = monotonicNow()
         let again = chunks.compactMap { id -> (BlobID, Int64)? in
-            guard let t = recent[id], now &- t < Self.recentNanoseconds, let e = entries[id] else { return nil }
+            guard let t = recent[id], now &- t < Self.writtenWindow, let e = entries[id] else { return nil }
             return (id, e.size)
         }
         for (id, _) in again { uploaded[id] = nil }
         condition.unlock()
         try mark(again)
+    }
+
+    /// A batch naming `ids` landed: they are no one's garbage now.
+    func named(_ ids: [BlobID]) {
+        condition.lock()
+        if !recent.isEmpty { for id in ids { recent[id] = nil } }
+        condition.unlock()
     }
 
     /// The chunks in the outbox.
@@ -246,6 +254,9 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
 
     /// How long a chunk counts as just uploaded.
     private static let recentNanoseconds: UInt64 = 10 * 60 * 1_000_000_000
+    /// How long this machine remembers writing a chunk (a publish that took long, then found
+    /// the servers gone, still has its early chunks uploaded again before its batch is sent).
+    private static let writtenWindow: UInt64 = 24 * 3600 * 1_000_000_000
 
     private func monotonicNow() -> UInt64 {
         var ts = timespec()

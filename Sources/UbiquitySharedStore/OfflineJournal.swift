@@ -256,7 +256,10 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             throw StoreError(errno: errno, "cannot remove \(entryPath(e.id))")
         }
         try fsyncDirectory(folder)
-        if release { cache.landed(stillUnnamed(Self.chunks(of: e.mutations))) }
+        if release {
+            cache.named(Self.chunks(of: e.mutations))
+            cache.landed(stillUnnamed(Self.chunks(of: e.mutations)))
+        }
     }
 
     /// Those of `chunks` no queued batch names (they may leave the outbox). Caller holds mutex.
@@ -428,6 +431,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 if cache.waiting.chunks > 0 { try cache.upload(chunks) }
                 let seq = try inner.commit(batch, token: token, unknownOutcome: &unknown)
                 known = max(known, seq)
+                cache.named(chunks)
                 if cache.waiting.chunks > 0 { cache.landed(stillUnnamed(chunks)) }
                 return seq
             } catch {
