@@ -19,7 +19,8 @@ def main():
     ap.add_argument("--native", required=True)
     ap.add_argument("--mount", action="append", required=True, help="LABEL=FOLDER")
     ap.add_argument("--files", type=int, default=10000)
-    args = ap.parse_args()
+    # Options of other suites pass through (scripts/bench all takes them all).
+    args, _ = ap.parse_known_args()
     folders = [("native", args.native)] + [tuple(m.split("=", 1)) for m in args.mount]
     for label, folder in folders[:2]:
         os.makedirs(os.path.join(folder, "many"), exist_ok=True)

@@ -47,7 +47,8 @@ def main():
     ap.add_argument("--native", required=True)
     ap.add_argument("--sizes", default="0,10000,100000")
     ap.add_argument("--ops", type=int, default=300)
-    a = ap.parse_args()
+    # Options of other suites pass through (scripts/bench all takes them all).
+    a, _ = ap.parse_known_args()
     sizes = sorted(int(s) for s in a.sizes.split(","))
     rows = []
     growth = {"mount": [], "native": []}

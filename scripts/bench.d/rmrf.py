@@ -29,7 +29,8 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--store", required=True)
     ap.add_argument("--files", type=int, default=10000)
-    args = ap.parse_args()
+    # Options of other suites pass through (scripts/bench all takes them all).
+    args, _ = ap.parse_known_args()
     native, mounted, empty = [], [], []
     for r in range(3):
         for label, folder, out in (("native", args.native, native), ("ubiquityfs", args.mount, mounted)):

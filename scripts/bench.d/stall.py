@@ -44,7 +44,8 @@ def main():
     ap.add_argument("--mount", required=True)
     ap.add_argument("--native", required=True)
     ap.add_argument("--seconds", type=float, default=5)
-    args = ap.parse_args()
+    # Options of other suites pass through (scripts/bench all takes them all).
+    args, _ = ap.parse_known_args()
     for label, folder in (("native", args.native), ("ubiquityfs", args.mount)):
         alone = read_for(folder, args.seconds)
         stop = multiprocessing.Event()

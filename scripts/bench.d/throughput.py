@@ -29,7 +29,8 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    # Options of other suites pass through (scripts/bench all takes them all).
+    args, _ = ap.parse_known_args()
     size = args.mib << 20
     data = os.urandom(size)
     native = os.path.join(args.native, "throughput.bin")

@@ -21,7 +21,8 @@ def main():
     ap.add_argument("--a", required=True)
     ap.add_argument("--b", required=True)
     ap.add_argument("--changes", type=int, default=1000)
-    args = ap.parse_args()
+    # Options of other suites pass through (scripts/bench all takes them all).
+    args, _ = ap.parse_known_args()
     a, b = args.a, args.b
     kinds = {"create": [], "content": [], "rename": [], "chmod": []}
     missed = 0
