@@ -7,13 +7,6 @@ import Glibc
 import XCTest
 
 final class SharedStoreMountTests: SharedStoreTestCase {
-    fileprivate var second: String { workDir + "/mnt2" }
-
-    private func mountBoth(extra: [String] = []) throws {
-        try mount(extra: TwoMountsTests.longCache + extra)
-        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
-        try mount(extra: TwoMountsTests.longCache + extra, at: second)
-    }
 
     func testEveryKindOfChangeShowsOnTheOtherMachine() throws {
         try mountBoth()
@@ -148,7 +141,6 @@ final class SharedStoreMountTests: SharedStoreTestCase {
 /// `evict` and `pin` do, the cache's size limit, read-ahead.
 final class SharedStoreCacheTests: SharedStoreTestCase {
     override var chunksOption: String? { bucketOption() }
-    fileprivate var second: String { workDir + "/mnt2" }
 
     private func status(_ path: String) -> String? { try? Posix.getxattr(path, "user.ubiquity.status").get() }
 
@@ -239,7 +231,6 @@ final class SharedStoreCacheTests: SharedStoreTestCase {
 /// its link down. What A already has keeps working, what needs the servers fails within the
 /// timeout instead of hanging, and once the link is back A catches up with what B did meanwhile.
 class SharedStoreOfflineTests: SharedStoreTestCase {
-    fileprivate var second: String { workDir + "/mnt2" }
     fileprivate var namespace = ""
     fileprivate var hostEnd = ""
     fileprivate let inside = "ubq0"
@@ -302,9 +293,7 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
     }
 
     func testACutOffMachineKeepsWorkingQueuesItsChangesAndCatchesUp() throws {
-        try mount(extra: TwoMountsTests.longCache)
-        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
-        try mount(extra: TwoMountsTests.longCache, at: second)
+        try mountBoth()
         let pidA = (try? Posix.getxattr(mountPoint, "user.ubiquityfs.daemon-pid").get()) ?? "?"
         XCTAssertEqual(Command.run(["ip", "netns", "identify", pidA], timeout: 20).stdout.trimmingCharacters(in: .whitespacesAndNewlines),
                        namespace, "A's daemon runs in the test's namespace")
@@ -404,9 +393,7 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
     /// once A is mounted again with the servers in reach. Mounted while still cut off, A says
     /// why it cannot start, and the queue waits.
     func testQueuedChangesSurviveAKilledDaemon() throws {
-        try mount(extra: TwoMountsTests.longCache)
-        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
-        try mount(extra: TwoMountsTests.longCache, at: second)
+        try mountBoth()
         let a = docs("TestDrive"), b = second + "/TestDrive"
         link("down")
         XCTAssertEqual(Posix.writeFile(a + "/queued.txt", "queued, then the daemon was killed\n"), 0)
@@ -452,9 +439,7 @@ final class SharedStoreObjectStoreOfflineTests: SharedStoreOfflineTests {
     /// A save whose chunks cannot be uploaded is queued, not committed naming chunks no other
     /// machine can read: B never reads anything but what A saved, once it can.
     func testASaveWaitsForItsChunksWhenOnlyTheObjectStoreIsOutOfReach() throws {
-        try mount(extra: TwoMountsTests.longCache)
-        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
-        try mount(extra: TwoMountsTests.longCache, at: second)
+        try mountBoth()
         let a = docs("TestDrive"), b = second + "/TestDrive"
         let rule = ["OUTPUT", "-o", inside, "-p", "tcp", "--dport", "57480", "-j", "DROP"]
         XCTAssertTrue(Command.run(["ip", "netns", "exec", namespace, "iptables", "-I"] + rule, timeout: 20).succeeded)

@@ -58,6 +58,17 @@ class SharedStoreTestCase: MountTestCase {
         mnt == mountPoint ? storeDir : workDir + "/local-" + (mnt as NSString).lastPathComponent
     }
 
+    /// The second machine's mount point.
+    var second: String { workDir + "/mnt2" }
+
+    /// Mounts machine A at the mount point and machine B at `second`, with long kernel caches
+    /// (what they show of each other comes through invalidations).
+    func mountBoth(extra: [String] = []) throws {
+        try mount(extra: TwoMountsTests.longCache + extra)
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(extra: TwoMountsTests.longCache + extra, at: second)
+    }
+
     override func storeArguments(at mnt: String) -> [String] {
         ["--store", storeURL, "--local", localFolder(at: mnt)]
     }
