@@ -125,6 +125,9 @@ enum ControlHandler {
             } else {
                 out.append("queued: none")
             }
+            if q.fromLocalCopy {
+                out.append("  started from this machine's copy of the namespace; the servers have not answered since")
+            }
             if q.unsettled > 0 { out.append("  \(q.unsettled) sent that another machine's changes overtook, being settled") }
         }
         if daemon {

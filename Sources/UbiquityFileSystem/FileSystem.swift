@@ -155,7 +155,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
         try removeOrphans()
         try recoverWorkingCopies()
-        try collectGarbage()
+        do { try collectGarbage() } catch {
+            // Started out of reach of a shared store's servers: the hourly collection runs once they answer.
+            guard store.offline?.queued.fromLocalCopy == true else { throw error }
+            log("the start-up collection waits for the store's servers: \(error)")
+        }
     }
 
     /// Guards the periodic tasks' clocks.

@@ -53,53 +53,32 @@ struct JournalState: Codable, Equatable {
     var partial: [ChangeSeq: [InodeNumber]] = [:]
     /// Sending stopped at a batch whose expectations failed: the rest are the model's to settle.
     var settling = false
+    /// The model's position the first queued batch was staged over: the position this machine's
+    /// copy of the namespace must hold for a start out of reach to show the queued changes over it.
+    var over: ChangeSeq?
 }
 
-/// Ids reserved ahead from one of the store's counters, so that files can be made while the
-/// servers are out of reach.
-final class IDReserve: @unchecked Sendable {
-    private let mutex = StoreMutex()
-    private var ranges: [Range<Int64>] = []   // guarded by mutex
-    private let reserve: (Int) throws(StoreError) -> ClosedRange<Int64>
-    /// How many are reserved at a time, and how few may be left before more are.
-    let batch: Int, low: Int
+/// The `flock` of a local folder's queue: the daemon that holds it keeps the queue, the copy of
+/// the namespace and the reserved ids; another daemon on the same folder keeps none of them.
+final class QueueLock: @unchecked Sendable {
+    private let fd: Int32?
+    var held: Bool { fd != nil }
 
-    init(batch: Int = 4096, low: Int = 1024, reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) {
-        self.batch = batch; self.low = low; self.reserve = reserve
-    }
-
-    /// Reserves the first range now, while the servers answer.
-    func prime() throws(StoreError) {
-        try mutex.withLock { () throws(StoreError) in
-            if ranges.isEmpty {
-                let r = try reserve(batch)
-                ranges.append(r.lowerBound..<(r.upperBound + 1))
-            }
+    init(folder: String, log: @Sendable (String) -> Void) throws(StoreError) {
+        try makeDirectories(folder, mode: 0o700)
+        let fd = open(folder + "/lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        if fd < 0 { throw StoreError(errno: errno, "cannot open \(folder)/lock") }
+        if flock(fd, LOCK_EX | LOCK_NB) != 0 {
+            close(fd)
+            self.fd = nil
+            log("another daemon on this machine's local folder keeps the queue of changes made out of reach of the "
+                + "store; this one's changes fail while the servers do not answer")
+            return
         }
+        self.fd = fd
     }
 
-    /// Up to `count` consecutive ids (fewer when the reserve has fewer in one range). `online`:
-    /// whether to top the reserve up from the servers first when it runs low.
-    func take(_ count: Int, online: Bool) throws(StoreError) -> ClosedRange<Int64> {
-        try mutex.withLock { () throws(StoreError) -> ClosedRange<Int64> in
-            let left = ranges.reduce(0) { $0 + $1.count }
-            if online && left < max(low, count) {
-                do throws(StoreError) {
-                    let r = try reserve(max(batch, count))
-                    ranges.append(r.lowerBound..<(r.upperBound + 1))
-                } catch {
-                    if left == 0 || error.kind != .unavailable { throw error }
-                }
-            }
-            guard let first = ranges.first else {
-                throw StoreError(.unavailable, "the servers are out of reach and the ids reserved ahead are used up")
-            }
-            let n = Int64(min(count, first.count))
-            ranges[0] = (first.lowerBound + n)..<first.upperBound
-            if ranges[0].isEmpty { ranges.removeFirst() }
-            return first.lowerBound...(first.lowerBound + n - 1)
-        }
-    }
+    deinit { if let fd { close(fd) } }
 }
 
 final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sendable {
@@ -128,32 +107,30 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     private var lastTry: UInt64 = 0
     static let retryInterval: UInt64 = 1_000_000_000
     /// The queue folder's lock, held while this store is open: one daemon's queue per folder.
-    /// Nil when another daemon on this machine's local folder holds it: then this one queues
-    /// nothing (its changes fail while the servers are out of reach).
-    private let lockFD: Int32?
+    /// Not held when another daemon on this machine's local folder holds it: then this one
+    /// queues nothing (its changes fail while the servers are out of reach).
+    private let queueLock: QueueLock
+    /// This machine's copy of the namespace (nil without the queue's lock).
+    private let replica: LocalReplica?
+    /// The servers have not answered since this daemon started from the copy of the namespace.
+    private var unreached: Bool
 
-    init(inner: PostgresMetadataStore, cache: ChunkCache, folder: String,
+    init(inner: PostgresMetadataStore, cache: ChunkCache, folder: String, lock: QueueLock, replica: LocalReplica?,
+         unreached: Bool = false, idsPath: (String) -> String? = { _ in nil },
          log: @escaping @Sendable (String) -> Void) throws(StoreError) {
         self.inner = inner
         self.cache = cache
         self.folder = folder
         self.log = log
-        inodes = IDReserve { (n) throws(StoreError) in
+        queueLock = lock
+        self.replica = replica
+        self.unreached = unreached
+        inodes = try IDReserve(path: idsPath("inodes")) { (n) throws(StoreError) in
             let r = try inner.reserveInodes(n)
             return Int64(bitPattern: r.lowerBound)...Int64(bitPattern: r.upperBound)
         }
-        versionIDs = IDReserve { (n) throws(StoreError) in try inner.reserveVersions(n) }
-        try makeDirectories(folder, mode: 0o700)
-        let fd = open(folder + "/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        if fd < 0 { throw StoreError(errno: errno, "cannot open \(folder)/lock") }
-        if flock(fd, LOCK_EX | LOCK_NB) != 0 {
-            close(fd)
-            lockFD = nil
-            log("another daemon on this machine's local folder keeps the queue of changes made out of reach of the "
-                + "store; this one's changes fail while the servers do not answer")
-            return
-        }
-        lockFD = fd
+        versionIDs = try IDReserve(path: idsPath("versions")) { (n) throws(StoreError) in try inner.reserveVersions(n) }
+        guard lock.held else { return }
         let decoder = JSONDecoder()
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder) } catch {
@@ -163,7 +140,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             let path = folder + "/" + name
             if name.hasSuffix(".tmp") { _ = unlink(path); continue }   // a write a crash cut short
             guard let data = FileManager.default.contents(atPath: path) else { continue }
-            if name == "lock" { continue }
+            if name == "lock" || name.hasSuffix(".ids") { continue }
             if name == "state.json" {
                 do { state = try decoder.decode(JournalState.self, from: data) } catch {
                     throw StoreError(.corrupt, "the queue of changes in \(folder) cannot be read (\(name)): \(error)")
@@ -193,41 +170,21 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     public func prepare() throws(StoreError) {
-        try inodes.prime()
-        try versionIDs.prime()
-        try cache.remote.primeIDs()
+        do throws(StoreError) {
+            try inodes.prime()
+            try versionIDs.prime()
+            try cache.remote.primeIDs()
+        } catch {
+            // Started out of reach with no ids kept: files can be made once the servers answer.
+            guard error.kind == .unavailable, mutex.withLock({ unreached }) else { throw error }
+            log("no ids are reserved ahead on this machine: new files cannot be made until the servers answer")
+        }
     }
-
-    deinit { if let lockFD { close(lockFD) } }
 
     // MARK: The journal on disk
 
     private func entryPath(_ id: UInt64) -> String {
         folder + "/" + String(repeating: "0", count: max(0, 20 - String(id).count)) + String(id) + ".batch"
-    }
-
-    /// Writes `data` to `path` whole or not at all, on disk when this returns.
-    private func writeAtomically(_ data: Data, to path: String) throws(StoreError) {
-        let temp = path + ".tmp"
-        let fd = open(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        if fd < 0 { throw StoreError(errno: errno, "cannot write \(temp)") }
-        var failure: Int32 = 0
-        data.withUnsafeBytes { (b: UnsafeRawBufferPointer) in
-            var done = 0
-            while done < b.count {
-                let n = write(fd, b.baseAddress! + done, b.count - done)
-                if n < 0 { if errno == EINTR { continue }; failure = errno; return }
-                done += n
-            }
-            if fsync(fd) != 0 { failure = errno }
-        }
-        close(fd)
-        if failure != 0 || rename(temp, path) != 0 {
-            let code = failure != 0 ? failure : errno
-            _ = unlink(temp)
-            throw StoreError(errno: code, "cannot write \(path)")
-        }
-        try fsyncDirectory(folder)
     }
 
     private func encode<T: Encodable>(_ value: T) throws(StoreError) -> Data {
@@ -237,7 +194,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     private func saveState() throws(StoreError) {
-        try writeAtomically(try encode(state), to: folder + "/state.json")
+        try writeDurably(try encode(state), to: folder + "/state.json")
     }
 
     /// Forgets the oldest entry, which landed at `seq` (nil: it was settled with nothing
@@ -283,12 +240,20 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         try cache.hold(Self.chunks(of: batch.mutations))
         let after = max(batch.position > 0 ? batch.position : known, entries.last?.position ?? 0)
         if entries.isEmpty {
-            state = JournalState(base: after)
+            state = JournalState(base: after, over: batch.position > 0 ? batch.position : nil)
+            // The copy of the namespace these changes build on goes to disk first.
+            if let replica, let over = state.over {
+                let held = replica.settle()
+                if held != over {
+                    log("this machine's copy of the namespace is at \(held.map(String.init) ?? "no position"), not at \(over) "
+                        + "where the queued changes start: a start out of reach is refused until the servers answer")
+                }
+            }
             try saveState()
         }
         let e = JournalEntry(id: nextID, position: after + 1, token: token, backend: backend, made: nowNanoseconds(),
                              writer: batch.writer, mutations: batch.mutations, expectations: batch.expectations)
-        try writeAtomically(try encode(e), to: entryPath(e.id))
+        try writeDurably(try encode(e), to: entryPath(e.id))
         nextID += 1
         entries.append(e)
         if entries.count == 1 {
@@ -310,10 +275,20 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     private var waitingToSend: Bool { !entries.isEmpty && !state.settling }
+    /// What the model sees is this machine's alone: queued changes, or a start out of reach.
+    private var offlineView: Bool { waitingToSend || unreached }
 
     /// Sends the queued batches in order, each after the chunks it names. Caller holds mutex.
     /// Throws when the servers do not answer (what is left stays queued).
     private func send() throws(StoreError) {
+        if unreached {
+            // The first word from the servers since a start out of reach: the checks that start
+            // left for now, before anything is sent.
+            try inner.checkSchemaNow()
+            inner.renewPresence()
+            unreached = false
+            log("the store's servers answer: what changed meanwhile is loaded")
+        }
         var sent = 0
         while let e = entries.first, !state.settling {
             // Sent before (the answer lost, or this daemon stopped before forgetting it)?
@@ -326,7 +301,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 // That server process is gone and the batch did not land: never end that
                 // process number again (it may be another session's by now).
                 entries[0].backend = nil
-                try writeAtomically(try encode(entries[0]), to: entryPath(e.id))
+                try writeDurably(try encode(entries[0]), to: entryPath(e.id))
             }
             try cache.upload(Self.chunks(of: e.mutations))
             var unknown: Int32?
@@ -340,7 +315,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                         // It may have landed: the token says so at the next try, once that
                         // server process is gone.
                         entries[0].backend = unknown
-                        try writeAtomically(try encode(entries[0]), to: entryPath(e.id))
+                        try writeDurably(try encode(entries[0]), to: entryPath(e.id))
                     }
                     throw error
                 }
@@ -369,7 +344,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         clock_gettime(CLOCK_MONOTONIC, &ts)
         let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
         let due = mutex.withLock { () -> Bool in
-            guard waitingToSend || (state.settling && cache.waiting.chunks > 0), now &- lastTry >= Self.retryInterval else {
+            guard offlineView || (state.settling && cache.waiting.chunks > 0), now &- lastTry >= Self.retryInterval else {
                 return false
             }
             lastTry = now
@@ -383,7 +358,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             return
         }
         mutex.withLock {
-            guard waitingToSend else { return }
+            guard offlineView else { return }
             do throws(StoreError) { try send() } catch {
                 log("sending the changes made while the store was out of reach failed; tried again later: \(error.message)")
             }
@@ -393,21 +368,44 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     // MARK: MetadataStore
 
     public func load() throws(StoreError) -> StoreSnapshot {
-        try mutex.withLock { () throws(StoreError) in
+        let local = try mutex.withLock { () throws(StoreError) -> StoreSnapshot? in
+            if unreached { return try fromReplica() }
             if waitingToSend {
                 do throws(StoreError) { try send() } catch {
+                    if error.kind == .unavailable, replica != nil { return try fromReplica() }
                     let n = entries.count
                     throw StoreError(error.kind, "\(n) change\(n == 1 ? "" : "s") made while the store was out of reach "
                                      + "wait to be sent, and sending failed: \(error.message)")
                 }
             }
+            return nil
         }
+        if let local { return local }
         let s = try inner.load()
+        replica?.reset(to: s)
         mutex.withLock {
             mustReload = false
             known = max(known, s.seq)
         }
         return s
+    }
+
+    /// The namespace as this machine last knew it, for a start out of reach; queued batches
+    /// come after it through `changes`. Caller holds mutex.
+    private func fromReplica() throws(StoreError) -> StoreSnapshot {
+        guard let snapshot = try replica?.load() else {
+            throw StoreError(.unavailable, "the store's servers are out of reach, and this machine has no whole copy of its "
+                             + "namespace to start from")
+        }
+        if waitingToSend, let over = state.over, over != snapshot.seq {
+            throw StoreError(.unavailable, "the store's servers are out of reach, and this machine's copy of the namespace "
+                             + "(at \(snapshot.seq)) is not the one its queued changes were made over (\(over)): "
+                             + "they wait for the servers")
+        }
+        unreached = true
+        mustReload = false
+        known = max(known, snapshot.seq)
+        return snapshot
     }
 
     public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
@@ -422,7 +420,13 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 // journal is on disk).
                 return batch.mutations.isEmpty ? entries.last!.position : try enqueue(batch, token: token)
             }
-            let queues = lockFD != nil && !batch.mutations.isEmpty && !state.settling
+            let queues = queueLock.held && !batch.mutations.isEmpty && !state.settling
+            if unreached {
+                // Started out of reach: queued at once, as behind queued batches.
+                if batch.mutations.isEmpty { return known }
+                guard queues else { throw StoreError(.unavailable, "the store is out of reach") }
+                return try enqueue(batch, token: token)
+            }
             var unknown: Int32?
             do throws(StoreError) {
                 // Chunks of this batch written while the servers were out of reach (or when an
@@ -431,6 +435,9 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 if cache.waiting.chunks > 0 { try cache.upload(chunks) }
                 let seq = try inner.commit(batch, token: token, unknownOutcome: &unknown)
                 known = max(known, seq)
+                if !batch.mutations.isEmpty {
+                    replica?.committed(ChangeRecord(seq: seq, writer: batch.writer, mutations: batch.mutations))
+                }
                 cache.named(chunks)
                 if cache.waiting.chunks > 0 { cache.landed(stillUnnamed(chunks)) }
                 return seq
@@ -447,11 +454,13 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             if mustReload {
                 throw StoreError(.trimmed, "the changes made while the store was out of reach were sent: load the namespace again")
             }
-            guard waitingToSend else { return nil }
+            guard offlineView else { return nil }
+            guard waitingToSend else { return [] }
             return entries.filter { $0.position > seq }.map { ChangeRecord(seq: $0.position, writer: $0.writer, mutations: $0.mutations) }
         }
         if let queued { return queued }
         let records = try inner.changes(since: seq)
+        replica?.read(records, after: seq)
         if let last = records.last { mutex.withLock { known = max(known, last.seq) } }
         return records
     }
@@ -459,7 +468,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     /// While batches wait to be sent the servers are out of reach: what only they know fails
     /// at once rather than after the timeout.
     private func unlessQueued() throws(StoreError) {
-        if mutex.withLock({ waitingToSend }) {
+        if mutex.withLock({ offlineView }) {
             throw StoreError(.unavailable, "the store is out of reach (changes made here are queued)")
         }
     }
@@ -470,12 +479,12 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     public func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber> {
-        let r = try inodes.take(count, online: !mutex.withLock { waitingToSend })
+        let r = try inodes.take(count, online: !mutex.withLock { offlineView })
         return InodeNumber(bitPattern: r.lowerBound)...InodeNumber(bitPattern: r.upperBound)
     }
 
     public func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID> {
-        try versionIDs.take(count, online: !mutex.withLock { waitingToSend })
+        try versionIDs.take(count, online: !mutex.withLock { offlineView })
     }
 
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
@@ -484,7 +493,11 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
-        try unlessQueued()
+        if mutex.withLock({ offlineView }) {
+            // A current version (a recovered working copy's base, say) is in the copy of the namespace.
+            if let v = replica?.version(id) { return v }
+            try unlessQueued()
+        }
         return try inner.version(id)
     }
 
@@ -509,7 +522,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     public func waitForChanges(_ seconds: Double) {
-        if mutex.withLock({ waitingToSend }) { Thread.sleep(forTimeInterval: seconds) } else { inner.waitForChanges(seconds) }
+        if mutex.withLock({ offlineView }) { Thread.sleep(forTimeInterval: seconds) } else { inner.waitForChanges(seconds) }
     }
 
     public func reachability() -> StoreReachability? { inner.reachability() }
@@ -520,7 +533,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         let (chunks, bytes) = cache.waiting
         return mutex.withLock {
             QueueState(changes: state.settling ? 0 : entries.count, chunks: chunks, bytes: bytes,
-                       since: entries.first?.made ?? 0, unsettled: state.settling ? entries.count : 0)
+                       since: entries.first?.made ?? 0, unsettled: state.settling ? entries.count : 0,
+                       fromLocalCopy: unreached)
         }
     }
 

@@ -64,53 +64,6 @@ final class PGPool: @unchecked Sendable {
     }
 }
 
-/// Blob ids, unique across every machine of the store: reserved from its counter in ranges, kept
-/// well ahead of use so that chunks can still be written while the servers are out of reach.
-final class BlobIDs: @unchecked Sendable {
-    private let mutex = StoreMutex()
-    private var ranges: [Range<Int64>] = []   // guarded by mutex
-    private let reserve: (Int) throws(StoreError) -> ClosedRange<Int64>
-    private let reachability: Reachability?
-    /// Ids reserved at a time, and the fewest left before reserving more.
-    static let batch = 4096, low = 1024
-
-    init(reachability: Reachability? = nil, reserve: @escaping (Int) throws(StoreError) -> ClosedRange<Int64>) {
-        self.reserve = reserve
-        self.reachability = reachability
-    }
-
-    /// Reserves the first range now, while the servers answer.
-    func prime() throws(StoreError) {
-        try mutex.withLock { () throws(StoreError) in if ranges.isEmpty { try topUp(left: 0) } }
-    }
-
-    private func topUp(left: Int) throws(StoreError) {
-        do throws(StoreError) {
-            let r = try reserve(Self.batch)
-            ranges.append(r.lowerBound..<(r.upperBound + 1))
-        } catch {
-            // With some left, a failure to reserve more waits for the next take.
-            if left == 0 { throw error }
-        }
-    }
-
-    func take() throws(StoreError) -> BlobID {
-        try mutex.withLock { () throws(StoreError) -> BlobID in
-            let left = ranges.reduce(0) { $0 + $1.count }
-            // Out of reach, the ids left are used first: asking would wait out the timeout.
-            let online = reachability?.current.online != false
-            if left == 0 && !online {
-                throw StoreError(.unavailable, "the servers are out of reach and the chunk ids reserved ahead are used up")
-            }
-            if left == 0 || (left < Self.low && online) { try topUp(left: left) }
-            let id = ranges[0].lowerBound
-            ranges[0] = (id + 1)..<ranges[0].upperBound
-            if ranges[0].isEmpty { ranges.removeFirst() }
-            return BlobID(bitPattern: id)
-        }
-    }
-}
-
 /// Reserves `count` ids of counter `key` on connection `c`.
 func reserveCounter(_ c: PGConnection, _ key: String, _ count: Int) throws(StoreError) -> ClosedRange<Int64> {
     let r = try c.query("UPDATE ubiquityfs.store SET value = value + $2 WHERE key = $1 RETURNING value",
@@ -122,18 +75,23 @@ func reserveCounter(_ c: PGConnection, _ key: String, _ count: Int) throws(Store
 
 public final class PostgresBlobStore: RemoteChunks, @unchecked Sendable {
     private let pool: PGPool
-    private let ids: BlobIDs
+    private let ids: IDReserve
+    private let reachability: Reachability?
 
     public convenience init(url: String, timeout: Double = 10, connections: Int = 4) throws(StoreError) {
         try self.init(url: url, timeout: timeout, connections: connections, reachability: nil)
     }
 
-    init(url: String, timeout: Double, connections: Int, reachability: Reachability?) throws(StoreError) {
+    /// `idsPath`: where the chunk ids reserved ahead are kept (nil: memory only).
+    init(url: String, timeout: Double, connections: Int, reachability: Reachability?, idsPath: String? = nil) throws(StoreError) {
         try checkPostgresURL(url)
         let pool = PGPool(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs chunks", reachability: reachability),
                           limit: connections)
         self.pool = pool
-        ids = BlobIDs(reachability: reachability) { (count) throws(StoreError) in try pool.with { (c) throws(StoreError) in try reserveCounter(c, "max_blob", count) } }
+        self.reachability = reachability
+        ids = try IDReserve(path: idsPath) { (count) throws(StoreError) in
+            try pool.with { (c) throws(StoreError) in try reserveCounter(c, "max_blob", count) }
+        }
     }
 
     public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
@@ -142,7 +100,7 @@ public final class PostgresBlobStore: RemoteChunks, @unchecked Sendable {
         return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: contentChecksum(bytes))
     }
 
-    func newBlobID() throws(StoreError) -> BlobID { try ids.take() }
+    func newBlobID() throws(StoreError) -> BlobID { try ids.takeBlobID(online: reachability?.current.online != false) }
     func primeIDs() throws(StoreError) { try ids.prime() }
 
     func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {

@@ -47,7 +47,10 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         try self.init(url: url, timeout: timeout, capacityPath: capacityPath, create: create, reachability: Reachability())
     }
 
-    init(url: String, timeout: Double, capacityPath: String, create: Bool, reachability: Reachability) throws(StoreError) {
+    /// `check`: whether to check the schema now (false: the servers are out of reach, and
+    /// `checkSchemaNow` runs once they answer, before anything else is sent).
+    init(url: String, timeout: Double, capacityPath: String, create: Bool, reachability: Reachability,
+         check: Bool = true) throws(StoreError) {
         try checkPostgresURL(url)
         self.url = url
         self.capacityPath = capacityPath
@@ -55,7 +58,17 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         connection = PGConnection(PGTarget(url: url, timeout: timeout, reachability: reachability))
         listener = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs change feed",
                                          reachability: reachability))
-        try checkSchema(connection, url: url, create: create)
+        if check { try checkSchema(connection, url: url, create: create) }
+    }
+
+    /// The check `init` left for when the servers answer.
+    func checkSchemaNow() throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in try checkSchema(connection, url: url, create: false) }
+    }
+
+    /// The store's id and where it keeps its chunks, as `init-store` recorded them.
+    func identity() throws(StoreError) -> (id: String, chunks: ChunkLocation) {
+        try mutex.withLock { () throws(StoreError) in (try storeID(connection, url: url), try recordedChunks(connection, url: url)) }
     }
 
     // MARK: Rows
@@ -490,9 +503,19 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     private static let serverMillis = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
-    /// Records `writer` as running, and keeps renewing that while it is.
+    /// Records `writer` as running, and keeps renewing that while it is (out of reach, from
+    /// when the servers answer again: the error is thrown, and the renewals go on).
     func announce(_ writer: String) throws(StoreError) {
+        defer { keepPresent(writer) }
         try renewPresence(writer)
+    }
+
+    /// Renews the presence of this process's writers now (the servers answer again).
+    func renewPresence() {
+        for w in presenceMutex.withLock({ present }) { try? renewPresence(w) }
+    }
+
+    private func keepPresent(_ writer: String) {
         presenceMutex.withLock {
             present.insert(writer)
             guard heartbeat == nil else { return }

@@ -290,17 +290,19 @@ final class S3Client: @unchecked Sendable {
 
 public final class S3BlobStore: RemoteChunks, @unchecked Sendable {
     let client: S3Client
-    private let ids: BlobIDs
+    private let ids: IDReserve
+    private let reachability: Reachability?
     private var keyPrefix: String { client.location.prefix.isEmpty ? "chunks/" : client.location.prefix + "/chunks/" }
 
     /// The servers' clock (nanoseconds since the epoch), which the collection's cutoff is read
     /// against: nil, this machine's.
     private let serverClock: (() throws(StoreError) -> Int64)?
 
-    init(_ location: S3Location, timeout: Double, ids: BlobIDs, reachability: Reachability? = nil,
+    init(_ location: S3Location, timeout: Double, ids: IDReserve, reachability: Reachability? = nil,
          serverClock: (() throws(StoreError) -> Int64)? = nil) throws(StoreError) {
         client = try S3Client(location, timeout: timeout, reachability: reachability)
         self.ids = ids
+        self.reachability = reachability
         self.serverClock = serverClock
     }
 
@@ -343,7 +345,7 @@ public final class S3BlobStore: RemoteChunks, @unchecked Sendable {
         return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: contentChecksum(bytes))
     }
 
-    func newBlobID() throws(StoreError) -> BlobID { try ids.take() }
+    func newBlobID() throws(StoreError) -> BlobID { try ids.takeBlobID(online: reachability?.current.online != false) }
     func primeIDs() throws(StoreError) { try ids.prime() }
 
     func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {

@@ -59,7 +59,10 @@ final class SharedDurability: Durability, @unchecked Sendable {
     private let metadata: PostgresMetadataStore
     init(metadata: PostgresMetadataStore) { self.metadata = metadata }
     func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String] {
-        try metadata.announce(writer)
+        do { try metadata.announce(writer) } catch {
+            // Started out of reach: announced once the servers answer.
+            if error.kind != .unavailable { throw error }
+        }
         return []
     }
     func sync() throws(StoreError) {}
@@ -105,7 +108,7 @@ public func initSharedStore(url: String, chunks: ChunkLocation, timeout: Double 
     }
     var done: [String] = []
     if case .s3(let location) = chunks {
-        let blobs = try S3BlobStore(location, timeout: timeout, ids: BlobIDs { _ in 0...0 })
+        let blobs = try S3BlobStore(location, timeout: timeout, ids: IDReserve { _ in 0...0 })
         let id = try storeID(c, url: url)
         let marker = (try? blobs.readMarker()) ?? nil
         if marker == id {
@@ -154,39 +157,106 @@ func recordedChunks(_ c: PGConnection, url: String) throws(StoreError) -> ChunkL
 /// How many bytes of chunks a machine keeps unless told otherwise (`--cache-size`).
 public let defaultCacheLimit: Int64 = 10 << 30
 
+/// Which store a local folder belongs to, kept in it (`store.json`): its queue, cached chunks,
+/// copy of the namespace and reserved ids name that store's nodes and chunks, and no other's.
+struct LocalIdentity: Codable, Equatable {
+    var store: String
+    var chunks: String
+
+    static func read(_ path: String) throws(StoreError) -> LocalIdentity? {
+        guard let data = FileManager.default.contents(atPath: path) else { return nil }
+        do { return try JSONDecoder().decode(LocalIdentity.self, from: data) } catch {
+            throw StoreError(.corrupt, "\(path) cannot be read: \(error)")
+        }
+    }
+
+    func write(_ path: String) throws(StoreError) {
+        let data: Data
+        do { data = try JSONEncoder().encode(self) } catch { throw StoreError(errno: EIO, "cannot encode \(path): \(error)") }
+        try writeDurably(data, to: path)
+    }
+}
+
 /// Opens the shared store at `url`, with this machine's working copies in `localDirectory`
 /// (made `0700`). `chunks`, when given, must be where the store keeps them. `lockLease`: how long
 /// this machine's locks outlast its last word to the server (it dies, or its link is cut).
+///
+/// With the servers out of reach, a local folder that holds a copy of the store's namespace
+/// (kept by an earlier daemon) opens from it, and changes are queued until they answer.
 public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDirectory: String, timeout: Double = 10,
                             lockLease: Int = 15, cacheLimit: Int64 = defaultCacheLimit,
                             log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     try makeDirectories(localDirectory, mode: 0o700)
     try tightenPermissions(of: localDirectory, log: log)
+    let queueFolder = localDirectory + "/queue"
+    let queueLock = try QueueLock(folder: queueFolder, log: log)
+    let identityPath = localDirectory + "/store.json"
+    let identity = try LocalIdentity.read(identityPath)
     // One account of whether the servers answer, kept by every connection and request.
     let reachability = Reachability()
-    let metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory, create: false,
+    let metadata: PostgresMetadataStore
+    var unreached = false
+    do throws(StoreError) {
+        metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory, create: false,
                                              reachability: reachability)
-    let config = PGConnection(PGTarget(url: url, timeout: timeout, reachability: reachability))
-    let recorded = try recordedChunks(config, url: url)
+    } catch {
+        guard error.kind == .unavailable, identity != nil, queueLock.held else {
+            if error.kind == .unavailable && identity == nil {
+                throw StoreError(error.kind, error.message + " (this machine has no copy of the store to start from: "
+                                 + "it needs the servers once)")
+            }
+            throw error
+        }
+        metadata = try PostgresMetadataStore(url: url, timeout: timeout, capacityPath: localDirectory, create: false,
+                                             reachability: reachability, check: false)
+        unreached = true
+        log("the store's servers are out of reach (\(error.message)): starting from this machine's copy of its namespace; "
+            + "changes are queued here until they answer")
+    }
+    let recorded: ChunkLocation
+    let storeIdentifier: String
+    if unreached, let identity {
+        recorded = try parseChunkLocation(identity.chunks)
+        storeIdentifier = identity.store
+    } else {
+        let (id, place) = try metadata.identity()
+        recorded = place
+        storeIdentifier = id
+        if let identity, identity.store != id {
+            throw StoreError(errno: EINVAL, "\(localDirectory) is this machine's folder for another store (id \(identity.store)), "
+                             + "not for \(redacted(url)) (id \(id)): give another --local, or remove that folder "
+                             + "if nothing queued in it is wanted")
+        }
+        let now = LocalIdentity(store: id, chunks: place.description)
+        if queueLock.held && identity != now { try now.write(identityPath) }
+    }
     if let chunks, !chunks.isSamePlace(as: recorded) {
         throw StoreError(errno: EINVAL, "\(redacted(url)) keeps its chunks in \(recorded); --chunks \(chunks) names another place")
     }
+    // Ids reserved ahead are kept on disk by the daemon that owns the local folder's queue.
+    let idsPath = { (name: String) -> String? in queueLock.held ? queueFolder + "/" + name + ".ids" : nil }
     // This machine's way to the chunks, when it gave one (its own endpoint of the same bucket).
     let remote: any RemoteChunks
     switch chunks ?? recorded {
-    case .postgres: remote = try PostgresBlobStore(url: url, timeout: timeout, connections: 4, reachability: reachability)
+    case .postgres:
+        remote = try PostgresBlobStore(url: url, timeout: timeout, connections: 4, reachability: reachability,
+                                       idsPath: idsPath("chunks"))
     case .s3(let location):
         let s3 = try S3BlobStore(location, timeout: timeout,
-                                 ids: BlobIDs(reachability: reachability) { (count) throws(StoreError) in
+                                 ids: IDReserve(path: idsPath("chunks")) { (count) throws(StoreError) in
                                      try metadata.reserveBlobs(count)
                                  },
                                  reachability: reachability,
                                  serverClock: { () throws(StoreError) in try metadata.serverNanoseconds() })
         // The bucket this machine reaches must be the store's: a wrong endpoint or a service with
         // a bucket of the same name would take chunks the other machines never find.
-        let id = try storeID(config, url: url)
-        let marker = try s3.readMarker()
-        guard marker == id else {
+        let marker: String?
+        do throws(StoreError) { marker = try s3.readMarker() } catch {
+            // Out of reach too: checked at the next start with it in reach.
+            guard unreached, error.kind == .unavailable else { throw error }
+            marker = storeIdentifier
+        }
+        guard marker == storeIdentifier else {
             throw StoreError(errno: EINVAL, "the bucket \(location.bucket) at \(location.endpoint) "
                              + (marker == nil ? "does not hold this store's chunks" : "holds another store's chunks")
                              + ": check --chunks (the store records \(recorded))")
@@ -197,7 +267,9 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
                                reachability: reachability, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
     let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease, reachability: reachability)
-    let journal = try JournalingMetadataStore(inner: metadata, cache: cache, folder: localDirectory + "/queue", log: log)
+    let replica = queueLock.held ? try LocalReplica(path: localDirectory + "/replica.sqlite", log: log) : nil
+    let journal = try JournalingMetadataStore(inner: metadata, cache: cache, folder: queueFolder, lock: queueLock,
+                                              replica: replica, unreached: unreached, idsPath: idsPath, log: log)
     return BackingStore(metadata: journal, blobs: cache, work: work, locks: locks,
                         durability: SharedDurability(metadata: metadata), localChunks: cache,
                         deletesChunksOfFailedCommits: false, offline: journal)

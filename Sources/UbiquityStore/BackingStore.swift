@@ -126,8 +126,13 @@ public struct QueueState: Sendable, Equatable {
     public var since: Int64
     /// Batches sent that wait for the model to settle them (`OfflineQueue.nextUnsettled`).
     public var unsettled: Int
-    public init(changes: Int = 0, chunks: Int = 0, bytes: Int64 = 0, since: Int64 = 0, unsettled: Int = 0) {
+    /// This daemon started from this machine's copy of the namespace, and the servers have not
+    /// answered since (what it shows is what this machine last knew).
+    public var fromLocalCopy: Bool
+    public init(changes: Int = 0, chunks: Int = 0, bytes: Int64 = 0, since: Int64 = 0, unsettled: Int = 0,
+                fromLocalCopy: Bool = false) {
         self.changes = changes; self.chunks = chunks; self.bytes = bytes; self.since = since; self.unsettled = unsettled
+        self.fromLocalCopy = fromLocalCopy
     }
 }
 

@@ -406,33 +406,139 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     // MARK: MetadataStore
 
     public func load() throws(StoreError) -> StoreSnapshot {
-        try mutex.withLock { () throws(StoreError) -> StoreSnapshot in
-            try run("BEGIN")
+        try mutex.withLock { () throws(StoreError) -> StoreSnapshot in try loadLocked { () throws(StoreError) in try lastSeq() } }
+    }
+
+    /// The whole state, at the position `position` reads inside the transaction. Caller holds mutex.
+    private func loadLocked(position: () throws(StoreError) -> ChangeSeq) throws(StoreError) -> StoreSnapshot {
+        try run("BEGIN")
+        do throws(StoreError) {
+            var s = StoreSnapshot()
+            try run("SELECT \(Self.nodeColumns), change_seq FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
+                let n = try decodeNode(r)
+                s.nodes.append(n)
+                s.nodeChanges[n.ino] = r.int(15)
+            })
+            try run("SELECT parent, name, child FROM dirents", row: { r in
+                s.dirents.append(DirentRecord(parent: r.uint(0), name: r.blob(1), child: r.uint(2)))
+            })
+            try run("SELECT ino, name, value FROM xattrs", row: { r in
+                s.xattrs.append(XattrRecord(ino: r.uint(0), name: r.blob(1), value: r.blob(2)))
+            })
+            s.containers = try readContainers()
+            try run("""
+                SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks
+                FROM versions v JOIN nodes n ON n.current_version = v.id ORDER BY v.id
+                """, row: { (r) throws(StoreError) in
+                s.currentVersions.append(try decodeVersion(r))
+            })
+            try run("SELECT key, value FROM meta", row: { r in s.meta[r.text(0)] = r.text(1) })
+            (s.maxIno, s.maxVersion) = try highWaterMarks()
+            s.seq = try position()
+            try run("COMMIT")
+            return s
+        } catch {
+            rollbackIfNeeded()
+            throw error
+        }
+    }
+
+    // MARK: A replica: another store's state, kept at that store's positions
+
+    // A machine's copy of a shared store's namespace is this schema with no change log of its
+    // own: `store_meta.replica_seq` says which position of the other store it holds, and is
+    // absent while the copy is not whole (never made, or a write to it failed).
+
+    /// The position of the other store this database holds, or nil.
+    package func replicaPosition() throws(StoreError) -> ChangeSeq? {
+        try mutex.withLock { () throws(StoreError) -> ChangeSeq? in
+            var seq: ChangeSeq?
+            try run("SELECT value FROM store_meta WHERE key = 'replica_seq'", row: { r in seq = r.int(0) })
+            return seq
+        }
+    }
+
+    /// The held state, or nil when the copy is not whole.
+    package func loadReplica() throws(StoreError) -> StoreSnapshot? {
+        try mutex.withLock { () throws(StoreError) -> StoreSnapshot? in
+            var whole = true
+            let s = try loadLocked { () throws(StoreError) -> ChangeSeq in
+                var seq: ChangeSeq?
+                try run("SELECT value FROM store_meta WHERE key = 'replica_seq'", row: { r in seq = r.int(0) })
+                whole = seq != nil
+                return seq ?? 0
+            }
+            return whole ? s : nil
+        }
+    }
+
+    /// Replaces every table with `snapshot`, in one transaction.
+    package func replace(with snapshot: StoreSnapshot) throws(StoreError) {
+        try replicaTransaction { () throws(StoreError) in
+            for table in ["nodes", "dirents", "xattrs", "versions", "containers", "meta", "changes"] {
+                try run("DELETE FROM \(table)")
+            }
+            var maxIno: UInt64 = 0, maxVersion: Int64 = 0
+            for n in snapshot.nodes {
+                try apply(.putNode(n), seq: snapshot.nodeChanges[n.ino] ?? 0, maxIno: &maxIno, maxVersion: &maxVersion)
+            }
+            for d in snapshot.dirents { try apply(.putDirent(d), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }
+            for x in snapshot.xattrs { try apply(.putXattr(x), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }
+            for v in snapshot.currentVersions { try apply(.putVersion(v), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }
+            for c in snapshot.containers { try apply(.putContainer(c), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }
+            for (key, value) in snapshot.meta { try apply(.setMeta(key: key, value: value), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }
+            return (snapshot.seq, max(maxIno, snapshot.maxIno), max(maxVersion, snapshot.maxVersion))
+        }
+    }
+
+    /// Applies `records` (the next ones of the other store, in order), in one transaction.
+    package func replicate(_ records: [ChangeRecord]) throws(StoreError) {
+        guard let last = records.last else { return }
+        try replicaTransaction { () throws(StoreError) in
+            var (maxIno, maxVersion) = try highWaterMarks()
+            for r in records {
+                for m in r.mutations {
+                    switch m {
+                    case .putVersion(let v):
+                        // A version seen twice (the copy was made after it) is the same version.
+                        try apply(.deleteVersion(v.id), seq: r.seq, maxIno: &maxIno, maxVersion: &maxVersion)
+                    case .putNode(let n):
+                        // Only current versions are kept: the copy is for a start out of reach.
+                        var old: VersionID?
+                        try run("SELECT current_version FROM nodes WHERE ino = ?1", bind: { b throws(StoreError) in
+                            try b.uint(1, n.ino)
+                        }, row: { row in old = row.isNull(0) ? nil : row.int(0) })
+                        if let old, old != n.currentVersion {
+                            try apply(.deleteVersion(old), seq: r.seq, maxIno: &maxIno, maxVersion: &maxVersion)
+                        }
+                    default: break
+                    }
+                    try apply(m, seq: r.seq, maxIno: &maxIno, maxVersion: &maxVersion)
+                }
+            }
+            return (last.seq, maxIno, maxVersion)
+        }
+    }
+
+    /// Marks the copy as not whole (a write to it failed, or it fell behind).
+    package func dropReplicaPosition() throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in try run("DELETE FROM store_meta WHERE key = 'replica_seq'") }
+    }
+
+    /// Runs `body` in a write transaction that ends by recording the position and high-water
+    /// marks it returns.
+    private func replicaTransaction(_ body: () throws(StoreError) -> (ChangeSeq, UInt64, Int64)) throws(StoreError) {
+        try mutex.withLock { () throws(StoreError) in
+            try run("BEGIN IMMEDIATE")
             do throws(StoreError) {
-                var s = StoreSnapshot()
-                try run("SELECT \(Self.nodeColumns), change_seq FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
-                    let n = try decodeNode(r)
-                    s.nodes.append(n)
-                    s.nodeChanges[n.ino] = r.int(15)
-                })
-                try run("SELECT parent, name, child FROM dirents", row: { r in
-                    s.dirents.append(DirentRecord(parent: r.uint(0), name: r.blob(1), child: r.uint(2)))
-                })
-                try run("SELECT ino, name, value FROM xattrs", row: { r in
-                    s.xattrs.append(XattrRecord(ino: r.uint(0), name: r.blob(1), value: r.blob(2)))
-                })
-                s.containers = try readContainers()
-                try run("""
-                    SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks
-                    FROM versions v JOIN nodes n ON n.current_version = v.id ORDER BY v.id
-                    """, row: { (r) throws(StoreError) in
-                    s.currentVersions.append(try decodeVersion(r))
-                })
-                try run("SELECT key, value FROM meta", row: { r in s.meta[r.text(0)] = r.text(1) })
-                (s.maxIno, s.maxVersion) = try highWaterMarks()
-                s.seq = try lastSeq()
+                let (seq, maxIno, maxVersion) = try body()
+                try run("INSERT OR REPLACE INTO store_meta(key, value) VALUES('max_ino', ?1), ('max_version', ?2), "
+                        + "('replica_seq', ?3)") { b throws(StoreError) in
+                    try b.uint(1, maxIno)
+                    try b.int(2, maxVersion)
+                    try b.int(3, seq)
+                }
                 try run("COMMIT")
-                return s
             } catch {
                 rollbackIfNeeded()
                 throw error

@@ -92,7 +92,7 @@ final class PostgresFixture: StoreFixture {
     func remove() {
         try? FileManager.default.removeItem(atPath: local)
         if case .s3(let location) = chunks, let client = try? S3Client(location, timeout: 10),
-           let blobs = try? S3BlobStore(location, timeout: 10, ids: BlobIDs { _ in 1...1 }) {
+           let blobs = try? S3BlobStore(location, timeout: 10, ids: IDReserve { _ in 1...1 }) {
             for id in (try? blobs.allBlobs()) ?? [] { try? blobs.delete(id) }
             var body: [UInt8] = []
             var n = 0
