@@ -9,6 +9,11 @@
 // lease in `writers` every few seconds while it holds locks, and the locks of a writer whose lease
 // ran out count for nothing (and are removed by the next change of that node). Lease times are
 // the server's clock, so the machines' clocks need not agree.
+//
+// Cut off from the servers, locks are decided on this machine alone, from its own locks (kept
+// in memory for that): its programs still exclude each other, as most lock users need, and
+// what two machines write meanwhile meets as versions and conflict copies, never lost. Once the
+// servers answer, this machine's locks are put back there as they are now.
 
 import Foundation
 import UbiquityStore
@@ -28,13 +33,23 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     /// (every close of a file) has nothing to give back, and costs no round trip.
     private var askers: Set<String> = []
     private var renewing = false
+    /// This process's own locks by node and owner, as the servers have them or as taken while
+    /// cut off (`pid` set).
+    private var mine: [InodeNumber: [LockOwner: LockSegments]] = [:]
+    /// Locks changed while cut off: the servers get `mine` once they answer.
+    private var unsynced = false
+    private let reachability: Reachability?
+    private let log: @Sendable (String) -> Void
 
     public convenience init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
         try self.init(url: url, timeout: timeout, leaseSeconds: leaseSeconds, reachability: nil)
     }
 
-    init(url: String, timeout: Double, leaseSeconds: Int, reachability: Reachability?) throws(StoreError) {
+    init(url: String, timeout: Double, leaseSeconds: Int, reachability: Reachability?,
+         log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
         try checkPostgresURL(url)
+        self.reachability = reachability
+        self.log = log
         connection = PGConnection(PGTarget(url: url, timeout: timeout, applicationName: "ubiquityfs locks",
                                            reachability: reachability))
         self.leaseSeconds = max(3, leaseSeconds)
@@ -94,12 +109,70 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
         }
     }
 
+    /// Whether `owner` gets `mode` on `range` beside `others`, and its ranges after (nil:
+    /// unchanged), by the rules of the local tables.
+    private static func decide(others: [Row], current: LockSegments, owner: LockOwner, mode: LockMode?,
+                               range: LockRange) -> (granted: Bool, after: LockSegments?) {
+        var after = current
+        switch owner.style {
+        case .posix:
+            if let mode, others.contains(where: {
+                $0.style == .posix && $0.segments.conflict(with: mode, start: range.start, end: range.end) != nil
+            }) {
+                return (false, nil)
+            }
+            after.apply(mode, start: range.start, end: range.end)
+            return (true, after)
+        case .flock:
+            if current.segments.first?.mode == mode { return (true, nil) }
+            // A conversion drops the old lock first, as Linux's flock does.
+            after = LockSegments()
+            guard let mode else { return (true, after) }
+            if others.contains(where: { $0.style == .flock && ($0.segments.segments.first?.mode == .write || mode == .write) }) {
+                return (false, after)
+            }
+            after.apply(mode, start: 0, end: Int64.max)
+            return (true, after)
+        }
+    }
+
+    /// This process's locks of `node` as rows. Caller holds mutex.
+    private func myRows(_ node: InodeNumber) -> [Row] {
+        (mine[node] ?? [:]).map { Row(writer: $0.key.writer, owner: $0.key.id, style: $0.key.style, pid: $0.value.pid, segments: $0.value) }
+    }
+
+    /// Notes `owner`'s ranges of `node` after a change. Caller holds mutex.
+    private func record(_ node: InodeNumber, _ owner: LockOwner, _ segments: LockSegments, pid: Int32) {
+        var s = segments
+        s.pid = pid
+        if s.isEmpty { mine[node]?[owner] = nil } else { mine[node, default: [:]][owner] = s }
+        if mine[node]?.isEmpty == true { mine[node] = nil }
+    }
+
+    private var outOfReach: Bool { reachability?.current.online == false }
+
+    /// Decides on this machine alone (cut off). Caller holds mutex.
+    private func setLocally(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) -> Bool {
+        let rows = myRows(node)
+        let current = rows.first { $0.key == owner }?.segments ?? LockSegments()
+        let (granted, after) = Self.decide(others: rows.filter { $0.key != owner }, current: current, owner: owner,
+                                           mode: mode, range: range)
+        if let after { record(node, owner, after, pid: pid) }
+        if !unsynced {
+            log("the store's servers are out of reach: locks are decided on this machine alone until they answer")
+        }
+        unsynced = true
+        return granted
+    }
+
     public func set(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) throws(StoreError) -> Bool {
         let granted = try mutex.withLock { () throws(StoreError) -> Bool in
             askers.insert(Self.key(node, owner))
             let first = writers.insert(owner.writer).inserted
+            if outOfReach { return setLocally(node, owner: owner, mode: mode, range: range, pid: pid) }
             do throws(StoreError) {
-                return try connection.transaction { () throws(StoreError) -> Bool in
+                if unsynced { try syncLocked() }
+                let (granted, after) = try connection.transaction { () throws(StoreError) -> (Bool, LockSegments?) in
                     let n = Int64(bitPattern: node)
                     try renew(owner.writer)
                     // One statement makes the node's row and locks it (a separate SELECT … FOR UPDATE
@@ -109,48 +182,23 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
                         ON CONFLICT (node) DO UPDATE SET node = EXCLUDED.node RETURNING node
                         """, [.int(n)])
                     let live = try rows(node)
-                    let others = live.filter { $0.key != owner }
-                    var mine = live.first { $0.key == owner }?.segments ?? LockSegments()
-                    var granted = true
-                    switch owner.style {
-                    case .posix:
-                        let (start, end) = (range.start, range.end)
-                        if let mode, others.contains(where: { $0.style == .posix && $0.segments.conflict(with: mode, start: start, end: end) != nil }) {
-                            return false
-                        }
-                        mine.apply(mode, start: start, end: end)
-                    case .flock:
-                        let held = mine.segments.first?.mode
-                        if held == mode { return true }
-                        // A conversion drops the old lock first, as Linux's flock does.
-                        mine = LockSegments()
-                        if let mode {
-                            if others.contains(where: { $0.style == .flock && ($0.segments.segments.first?.mode == .write || mode == .write) }) {
-                                granted = false
-                            } else {
-                                mine.apply(mode, start: 0, end: Int64.max)
-                            }
-                        }
-                    }
+                    let current = live.first { $0.key == owner }?.segments ?? LockSegments()
+                    let (granted, after) = Self.decide(others: live.filter { $0.key != owner }, current: current,
+                                                       owner: owner, mode: mode, range: range)
+                    guard let after else { return (granted, nil) }
                     // Rows of writers whose lease ran out go now.
                     try connection.query("""
                         DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer NOT IN
                             (SELECT writer FROM ubiquityfs.writers WHERE lease_until > \(Self.serverMillis))
                         """, [.int(n)])
-                    let style = Int64(owner.style == .flock ? 1 : 0)
-                    if mine.isEmpty {
-                        try connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
-                                             [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style)])
-                    } else {
-                        try connection.query("""
-                            INSERT INTO ubiquityfs.locks(node, writer, owner, style, pid, segments) VALUES($1, $2, $3, $4, $5, $6)
-                            ON CONFLICT (node, writer, owner, style) DO UPDATE SET pid = EXCLUDED.pid, segments = EXCLUDED.segments
-                            """, [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style), .int(Int64(pid)),
-                                  .bytes(Self.encode(mine))])
-                    }
-                    return granted
+                    try put(node, owner, after, pid: pid)
+                    return (granted, after)
                 }
+                if let after { record(node, owner, after, pid: pid) }
+                return granted
             } catch {
+                // Cut off now: decided here, and put on the servers once they answer.
+                if error.kind == .unavailable { return setLocally(node, owner: owner, mode: mode, range: range, pid: pid) }
                 if first { writers.remove(owner.writer) }
                 throw error
             }
@@ -159,9 +207,61 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
         return granted
     }
 
+    /// Writes `owner`'s row of `node` (none when `segments` is empty). Caller holds mutex, in a
+    /// transaction that locked the node's row.
+    private func put(_ node: InodeNumber, _ owner: LockOwner, _ segments: LockSegments, pid: Int32) throws(StoreError) {
+        let n = Int64(bitPattern: node)
+        let style = Int64(owner.style == .flock ? 1 : 0)
+        if segments.isEmpty {
+            try connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
+                                 [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style)])
+        } else {
+            try connection.query("""
+                INSERT INTO ubiquityfs.locks(node, writer, owner, style, pid, segments) VALUES($1, $2, $3, $4, $5, $6)
+                ON CONFLICT (node, writer, owner, style) DO UPDATE SET pid = EXCLUDED.pid, segments = EXCLUDED.segments
+                """, [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style), .int(Int64(pid)),
+                      .bytes(Self.encode(segments))])
+        }
+    }
+
+    /// The servers answer again after locks changed here alone: this process's rows there become
+    /// what it holds now (its lease may have run out meanwhile, and others taken locks: a lock
+    /// both hold is logged, and each keeps it until it lets go). Caller holds mutex.
+    private func syncLocked() throws(StoreError) {
+        let clashes = try connection.transaction { () throws(StoreError) -> [InodeNumber] in
+            for w in writers {
+                try renew(w)
+                try connection.query("DELETE FROM ubiquityfs.locks WHERE writer = $1", [.text(w)])
+            }
+            var clashes: [InodeNumber] = []
+            for (node, owners) in mine.sorted(by: { $0.key < $1.key }) {
+                try connection.query("""
+                    INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1)
+                    ON CONFLICT (node) DO UPDATE SET node = EXCLUDED.node RETURNING node
+                    """, [.int(Int64(bitPattern: node))])
+                let others = try rows(node).filter { !writers.contains($0.writer) }
+                for (owner, segments) in owners {
+                    try put(node, owner, segments, pid: segments.pid)
+                    let mode: LockMode = segments.segments.contains { $0.mode == .write } ? .write : .read
+                    if Self.decide(others: others, current: LockSegments(), owner: owner, mode: mode,
+                                   range: LockRange(start: 0, length: 0)).granted == false {
+                        clashes.append(node)
+                    }
+                }
+            }
+            return clashes
+        }
+        unsynced = false
+        log("the store's servers answer: this machine's locks are held there again")
+        for node in Set(clashes).sorted() {
+            log("inode \(node): a lock taken here while cut off is also held by another machine (each took it while "
+                + "they could not see each other); what both write is kept as versions and conflict copies")
+        }
+    }
+
     /// Extends `writer`'s lease. A lease that already ran out is not revived: others may have
-    /// taken its locks meanwhile, so its rows go and it starts again with none (as an NFS client
-    /// that lost its lease loses its locks).
+    /// taken its locks meanwhile, so its rows go (and `syncLocked` puts back those this process
+    /// still holds).
     private func renew(_ writer: String) throws(StoreError) {
         let extended = try connection.query("""
             UPDATE ubiquityfs.writers SET lease_until = \(Self.serverMillis) + $2
@@ -177,7 +277,16 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
 
     public func test(_ node: InodeNumber, owner: LockOwner, mode: LockMode, range: LockRange) throws(StoreError) -> HeldLock? {
         try mutex.withLock { () throws(StoreError) -> HeldLock? in
-            for row in try rows(node) where row.key != owner && row.style == .posix {
+            var live: [Row]
+            if outOfReach || unsynced {
+                live = myRows(node)
+            } else {
+                do throws(StoreError) { live = try rows(node) } catch {
+                    guard error.kind == .unavailable else { throw error }
+                    live = myRows(node)
+                }
+            }
+            for row in live where row.key != owner && row.style == .posix {
                 if let s = row.segments.conflict(with: mode, start: range.start, end: range.end) {
                     return HeldLock(mode: s.mode, range: LockRange(start: s.start, end: s.end),
                                     pid: row.writer == owner.writer ? row.pid : 0)
@@ -194,10 +303,20 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     public func release(_ node: InodeNumber, owner: LockOwner) {
         mutex.withLock {
             guard askers.remove(Self.key(node, owner)) != nil else { return }
-            // Offline, the lease's end releases it instead.
-            _ = try? connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
-                                      [.int(Int64(bitPattern: node)), .text(owner.writer), .int(Int64(bitPattern: owner.id)),
-                                       .int(Int64(owner.style == .flock ? 1 : 0))])
+            mine[node]?[owner] = nil
+            if mine[node]?.isEmpty == true { mine[node] = nil }
+            if outOfReach || unsynced {
+                unsynced = true
+                return
+            }
+            do throws(StoreError) {
+                try connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
+                                     [.int(Int64(bitPattern: node)), .text(owner.writer), .int(Int64(bitPattern: owner.id)),
+                                      .int(Int64(owner.style == .flock ? 1 : 0))])
+            } catch {
+                // Given back when the servers answer (or by the lease's end).
+                unsynced = true
+            }
         }
     }
 
@@ -225,7 +344,11 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
                 Thread.sleep(forTimeInterval: interval)
                 guard let self else { return }
                 self.mutex.withLock {
-                    for w in self.writers { try? self.renew(w) }
+                    if self.unsynced {
+                        if !self.outOfReach { try? self.syncLocked() }
+                    } else {
+                        for w in self.writers { try? self.renew(w) }
+                    }
                 }
             }
         }

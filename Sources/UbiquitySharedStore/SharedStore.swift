@@ -266,7 +266,7 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit,
                                reachability: reachability, log: log)
     let work = SharedWorkArea(local: try LocalWorkArea(directory: localDirectory), metadata: metadata)
-    let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease, reachability: reachability)
+    let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease, reachability: reachability, log: log)
     let replica = queueLock.held ? try LocalReplica(path: localDirectory + "/replica.sqlite", log: log) : nil
     let journal = try JournalingMetadataStore(inner: metadata, cache: cache, folder: queueFolder, lock: queueLock,
                                               replica: replica, unreached: unreached, idsPath: idsPath, log: log)

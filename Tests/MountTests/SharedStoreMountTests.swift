@@ -401,6 +401,65 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
         try unmount()
     }
 
+    /// Cut off, A's programs still lock against each other (decided on A alone, at once); back
+    /// in reach, A's locks are held on the servers again, so B's programs wait for them.
+    func testLocksWhileCutOffHoldOnTheMachineAndAreHeldOnTheServersAgain() throws {
+        try mountBoth(extra: ["--lock-lease", "3"])
+        let a = docs("SugoiApp") + "/shared.db", b = second + "/SugoiApp/shared.db"
+        XCTAssertEqual(Posix.writeFile(b, "rows\n"), 0)
+        eventually("the file on A") { Posix.readText(a) == "rows\n" }
+        link("down")
+        // A holder on A: a POSIX write lock on the whole file, and a shared flock.
+        let ready = workDir + "/holder.ready"
+        let holderLog = workDir + "/holder.log"
+        let holder = try BackgroundProcess(["python3", "-c", """
+            import fcntl, sys, time
+            f = open(sys.argv[1], 'r+'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            g = open(sys.argv[1], 'r'); fcntl.flock(g, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            open(sys.argv[2], 'w').write('held')
+            time.sleep(300)
+            """, a, ready], environment: environment, log: holderLog)
+        defer { holder.stop() }
+        let start = Date()
+        eventually("the holder's locks, taken while cut off", seconds: 20) { Posix.readText(ready) == "held" }
+        XCTAssertLessThan(Date().timeIntervalSince(start), 8, "no wait beyond the timeout (3 s): \(Posix.readText(holderLog) ?? "")")
+        // Another program on A is refused what conflicts, and given what does not.
+        let probe = """
+            import errno, fcntl, os, struct, sys
+            def attempt(f, how):
+                try:
+                    how(f); return 'got'
+                except OSError as e:
+                    return errno.errorcode[e.errno]
+            f = open(sys.argv[1], 'r+')
+            print(attempt(f, lambda f: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)))
+            g = open(sys.argv[1], 'r')
+            print(attempt(g, lambda g: fcntl.flock(g, fcntl.LOCK_EX | fcntl.LOCK_NB)))
+            print(attempt(g, lambda g: fcntl.flock(g, fcntl.LOCK_SH | fcntl.LOCK_NB)))
+            held = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0))
+            print('getlk', 'locked' if struct.unpack('hhqqi', held)[0] != fcntl.F_UNLCK else 'free')
+            """
+        let onA = assertShell("python3 -c \(shellQuote(probe)) \(shellQuote(a))")
+        XCTAssertEqual(onA.stdout.split(separator: "\n").map(String.init), ["EAGAIN", "EAGAIN", "got", "getlk locked"],
+                       "A's own programs exclude each other while cut off: \(onA.stderr)")
+        link("up")
+        // A's locks go back to the servers: B's programs find them there.
+        var seenOnB = ""
+        eventually("A's locks held on the servers again", seconds: 30) {
+            let r = Command.run(["python3", "-c", probe, b], timeout: 10)
+            seenOnB = "\(r)"
+            return r.stdout.split(separator: "\n").map(String.init) == ["EAGAIN", "EAGAIN", "got", "getlk locked"]
+        }
+        XCTAssertTrue(seenOnB.contains("EAGAIN\nEAGAIN\ngot\ngetlk locked"), seenOnB)
+        holder.stop()
+        eventually("B gets them once A's program lets go", seconds: 30) {
+            let r = Command.run(["python3", "-c", probe, b], timeout: 30)
+            return r.stdout.split(separator: "\n").map(String.init) == ["got", "got", "got", "getlk free"]
+        }
+        try unmount(at: second)
+        try unmount()
+    }
+
     /// The queue is on A's disk: a change queued while cut off, then the daemon killed, stays.
     /// Mounted again while still cut off, A starts from its own copy of the namespace: what it
     /// knew, its queued change, and new changes queued behind it. All of it lands once the
