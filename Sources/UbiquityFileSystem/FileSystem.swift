@@ -157,7 +157,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try recoverWorkingCopies()
         do { try collectGarbage() } catch {
             // Started out of reach of a shared store's servers: the hourly collection runs once they answer.
-            guard store.offline?.queued.fromLocalCopy == true else { throw error }
+            guard store.offline?.queued.fromLocalCopy == true, store.metadata.reachability()?.online == false else { throw error }
             log("the start-up collection waits for the store's servers: \(error)")
         }
     }

@@ -65,6 +65,10 @@ extension UbiquityFileSystem {
     /// possibly torn by a power cut) is kept as a `recovered` version beside the current one,
     /// for the user to restore.
     func recoverWorkingCopies() throws {
+        // Started from this machine's copy of a shared store's namespace: a file made just
+        // before a crash may be missing from it, so its working copy waits for the servers'
+        // namespace (the change feed's next round after they answer) rather than being dropped.
+        if store.offline?.queued.fromLocalCopy == true { return }
         for leftover in try store.work.leftovers() {
             let node = ns.read { state.nodes[leftover.ino] }
             guard let node, node.nlink > 0, node.kind == .regular else {

@@ -98,15 +98,22 @@ final class IDReserve: @unchecked Sendable {
     private func save() throws(StoreError) {
         guard let path else { return }
         var kept = ranges
+        var until = Int64.min
         if let first = kept.first {
-            safeUntil = min(first.lowerBound + Self.step, first.upperBound)
-            kept[0] = safeUntil..<first.upperBound
+            until = min(first.lowerBound + Self.step, first.upperBound)
+            kept[0] = until..<first.upperBound
         }
-        let pairs = kept.filter { !$0.isEmpty }.map { [$0.lowerBound, $0.upperBound] }
-        let data: Data
-        do { data = try JSONEncoder().encode(pairs) } catch { throw StoreError(errno: EIO, "cannot encode \(path): \(error)") }
-        try writeDurably(data, to: path)
+        try writeJSONDurably(kept.filter { !$0.isEmpty }.map { [$0.lowerBound, $0.upperBound] }, to: path)
+        // Only once the file says so: a failed write leaves memory to write again next time.
+        safeUntil = until
     }
+}
+
+/// Writes `value` as JSON to `path`, as `writeDurably` does.
+func writeJSONDurably<T: Encodable>(_ value: T, to path: String) throws(StoreError) {
+    let data: Data
+    do { data = try JSONEncoder().encode(value) } catch { throw StoreError(errno: EIO, "cannot encode \(path): \(error)") }
+    try writeDurably(data, to: path)
 }
 
 /// Writes `data` to `path` whole or not at all (a temporary file renamed over it), on disk with

@@ -20,6 +20,8 @@ final class LocalReplica: @unchecked Sendable {
     private var position: ChangeSeq?
     /// This machine's commits that came before the records between them and `position`.
     private var ahead: [ChangeSeq: ChangeRecord] = [:]
+    /// Held as it is for queued changes (`settle`) until the next `reset`.
+    private var frozen = false
     /// Commits waiting for a gap that never fills this long mean the copy lost its way.
     static let aheadLimit = 10_000
 
@@ -33,6 +35,7 @@ final class LocalReplica: @unchecked Sendable {
     func reset(to snapshot: StoreSnapshot) {
         queue.async { [self] in
             ahead = [:]
+            frozen = false
             guard perform({ () throws(StoreError) in try db.replace(with: snapshot) }) else { return }
             position = snapshot.seq
         }
@@ -42,7 +45,7 @@ final class LocalReplica: @unchecked Sendable {
     func read(_ records: [ChangeRecord], after since: ChangeSeq) {
         guard !records.isEmpty else { return }
         queue.async { [self] in
-            guard let held = position else { return }
+            guard let held = position, !frozen else { return }
             if since > held { return lost("the change log was read from \(since), past the copy's \(held)") }
             apply(records.filter { $0.seq > held })
         }
@@ -51,17 +54,19 @@ final class LocalReplica: @unchecked Sendable {
     /// This machine committed `record`.
     func committed(_ record: ChangeRecord) {
         queue.async { [self] in
-            guard let held = position, record.seq > held else { return }
+            guard let held = position, !frozen, record.seq > held else { return }
             if record.seq == held + 1 { return apply([record]) }
             ahead[record.seq] = record
             if ahead.count > Self.aheadLimit { lost("\(ahead.count) commits wait for the records before them") }
         }
     }
 
-    /// Waits for every write so far and makes them durable; the position now held.
+    /// Waits for every write so far and makes them durable; the position now held, which stays
+    /// until the next `reset` (it is the state the queued changes build on).
     func settle() -> ChangeSeq? {
         queue.sync { () -> ChangeSeq? in
             guard position != nil else { return nil }
+            frozen = true
             // An empty durable commit is a barrier: everything before it is on disk.
             guard perform({ () throws(StoreError) in _ = try db.commit(Batch([], writer: "replica"), durable: true) }) else {
                 return nil
@@ -79,7 +84,13 @@ final class LocalReplica: @unchecked Sendable {
         return try result.get()
     }
 
-    /// A version current at the position held (others are not kept).
+    /// The changes queued over the copy were sent: it no longer shows what this machine did,
+    /// so it is not whole until the next `reset`.
+    func invalidate() {
+        queue.sync { lost(nil) }
+    }
+
+    /// A version the copy holds: the current ones, and those made since it was loaded.
     func version(_ id: VersionID) -> VersionRecord? {
         queue.sync { try? db.version(id) }
     }
@@ -99,10 +110,13 @@ final class LocalReplica: @unchecked Sendable {
         position = last
     }
 
-    private func lost(_ why: String) {
-        log("this machine's copy of the namespace is dropped (\(why)); it is made again at the next start "
-            + "with the servers in reach")
+    private func lost(_ why: String?) {
+        if let why {
+            log("this machine's copy of the namespace is dropped (\(why)); it is made again at the next start "
+                + "with the servers in reach")
+        }
         ahead = [:]
+        frozen = false
         position = nil
         try? db.dropReplicaPosition()
     }

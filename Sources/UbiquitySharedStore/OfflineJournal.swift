@@ -114,10 +114,15 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     private let replica: LocalReplica?
     /// The servers have not answered since this daemon started from the copy of the namespace.
     private var unreached: Bool
+    /// The checks a start out of reach left for the servers' first answer (that they are still
+    /// this folder's store, and the bucket its bucket), run before anything is sent.
+    private let firstContact: () throws(StoreError) -> Void
+    private var contacted: Bool
+    private var lastContactFailure = ""
 
     init(inner: PostgresMetadataStore, cache: ChunkCache, folder: String, lock: QueueLock, replica: LocalReplica?,
-         unreached: Bool = false, idsPath: (String) -> String? = { _ in nil },
-         log: @escaping @Sendable (String) -> Void) throws(StoreError) {
+         unreached: Bool = false, firstContact: @escaping () throws(StoreError) -> Void = {},
+         idsPath: (String) -> String? = { _ in nil }, log: @escaping @Sendable (String) -> Void) throws(StoreError) {
         self.inner = inner
         self.cache = cache
         self.folder = folder
@@ -125,6 +130,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         queueLock = lock
         self.replica = replica
         self.unreached = unreached
+        self.firstContact = firstContact
+        contacted = !unreached
         inodes = try IDReserve(path: idsPath("inodes")) { (n) throws(StoreError) in
             let r = try inner.reserveInodes(n)
             return Int64(bitPattern: r.lowerBound)...Int64(bitPattern: r.upperBound)
@@ -136,11 +143,10 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder) } catch {
             throw StoreError(errno: EIO, "cannot list the queue of changes in \(folder): \(error)")
         }
-        for name in names.sorted() {
+        for name in names.sorted() where name == "state.json" || name.hasSuffix(".batch") || name.hasSuffix(".tmp") {
             let path = folder + "/" + name
             if name.hasSuffix(".tmp") { _ = unlink(path); continue }   // a write a crash cut short
             guard let data = FileManager.default.contents(atPath: path) else { continue }
-            if name == "lock" || name.hasSuffix(".ids") { continue }
             if name == "state.json" {
                 do { state = try decoder.decode(JournalState.self, from: data) } catch {
                     throw StoreError(.corrupt, "the queue of changes in \(folder) cannot be read (\(name)): \(error)")
@@ -170,6 +176,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     public func prepare() throws(StoreError) {
+        // Out of reach, asking would wait out the timeout: the ids kept on disk serve meanwhile.
+        if mutex.withLock({ unreached }) { return }
         do throws(StoreError) {
             try inodes.prime()
             try versionIDs.prime()
@@ -187,14 +195,8 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         folder + "/" + String(repeating: "0", count: max(0, 20 - String(id).count)) + String(id) + ".batch"
     }
 
-    private func encode<T: Encodable>(_ value: T) throws(StoreError) -> Data {
-        do { return try JSONEncoder().encode(value) } catch {
-            throw StoreError(errno: EIO, "cannot encode a queued change: \(error)")
-        }
-    }
-
     private func saveState() throws(StoreError) {
-        try writeDurably(try encode(state), to: folder + "/state.json")
+        try writeJSONDurably(state, to: folder + "/state.json")
     }
 
     /// Forgets the oldest entry, which landed at `seq` (nil: it was settled with nothing
@@ -253,7 +255,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         }
         let e = JournalEntry(id: nextID, position: after + 1, token: token, backend: backend, made: nowNanoseconds(),
                              writer: batch.writer, mutations: batch.mutations, expectations: batch.expectations)
-        try writeDurably(try encode(e), to: entryPath(e.id))
+        try writeJSONDurably(e, to: entryPath(e.id))
         nextID += 1
         entries.append(e)
         if entries.count == 1 {
@@ -282,9 +284,9 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     /// Throws when the servers do not answer (what is left stays queued).
     private func send() throws(StoreError) {
         if unreached {
-            // The first word from the servers since a start out of reach: the checks that start
-            // left for now, before anything is sent.
-            try inner.checkSchemaNow()
+            // The first word from the servers since a start out of reach (`sendIfDue` ran the
+            // checks that start left).
+            guard contacted else { throw StoreError(.unavailable, "the store's servers were not checked yet") }
             inner.renewPresence()
             unreached = false
             log("the store's servers answer: what changed meanwhile is loaded")
@@ -301,7 +303,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 // That server process is gone and the batch did not land: never end that
                 // process number again (it may be another session's by now).
                 entries[0].backend = nil
-                try writeDurably(try encode(entries[0]), to: entryPath(e.id))
+                try writeJSONDurably(entries[0], to: entryPath(e.id))
             }
             try cache.upload(Self.chunks(of: e.mutations))
             var unknown: Int32?
@@ -315,7 +317,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                         // It may have landed: the token says so at the next try, once that
                         // server process is gone.
                         entries[0].backend = unknown
-                        try writeDurably(try encode(entries[0]), to: entryPath(e.id))
+                        try writeJSONDurably(entries[0], to: entryPath(e.id))
                     }
                     throw error
                 }
@@ -335,7 +337,11 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             try forgetFirst(landedAt: seq)
             sent += 1
         }
-        if sent > 0 { log("sent \(sent) change\(sent == 1 ? "" : "s") made while the store was out of reach") }
+        if sent > 0 {
+            log("sent \(sent) change\(sent == 1 ? "" : "s") made while the store was out of reach")
+            // The copy no longer shows them, until the load that follows replaces it.
+            replica?.invalidate()
+        }
         mustReload = true
     }
 
@@ -353,6 +359,18 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         // The probe and the chunks go without the mutex: they may take long, and commits must
         // not wait for them.
         guard due, inner.probe() else { return }
+        if !mutex.withLock({ contacted }) {
+            do throws(StoreError) { try firstContact() } catch {
+                let message = error.message
+                let fresh = mutex.withLock { () -> Bool in
+                    defer { lastContactFailure = message }
+                    return lastContactFailure != message
+                }
+                if fresh { log("the store's servers answer, but nothing is sent to them: \(message)") }
+                return
+            }
+            mutex.withLock { contacted = true }
+        }
         do throws(StoreError) { try cache.upload() } catch {
             log("uploading the chunks written while the store was out of reach failed; tried again later: \(error.message)")
             return
@@ -397,9 +415,12 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
             throw StoreError(.unavailable, "the store's servers are out of reach, and this machine has no whole copy of its "
                              + "namespace to start from")
         }
-        if waitingToSend, let over = state.over, over != snapshot.seq {
+        // The queued batches must follow on from the copy: none sent yet, made over its position.
+        if waitingToSend,
+           state.over != snapshot.seq || !state.landed.isEmpty || entries.first?.position != state.base + 1 {
             throw StoreError(.unavailable, "the store's servers are out of reach, and this machine's copy of the namespace "
-                             + "(at \(snapshot.seq)) is not the one its queued changes were made over (\(over)): "
+                             + "(at \(snapshot.seq)) is not the state its queued changes were made over "
+                             + "(\(state.over.map(String.init) ?? "unknown")\(state.landed.isEmpty ? "" : ", some already sent")): "
                              + "they wait for the servers")
         }
         unreached = true

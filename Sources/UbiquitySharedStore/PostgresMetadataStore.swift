@@ -515,7 +515,8 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         for w in presenceMutex.withLock({ present }) { try? renewPresence(w) }
     }
 
-    private func keepPresent(_ writer: String) {
+    /// Renews `writer`'s presence from now on (the first renewal when the servers answer).
+    func keepPresent(_ writer: String) {
         presenceMutex.withLock {
             present.insert(writer)
             guard heartbeat == nil else { return }
@@ -523,6 +524,8 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                 while true {
                     Thread.sleep(forTimeInterval: 60)
                     guard let self else { return }
+                    // Out of reach, a try would hold the connection for the timeout, for nothing.
+                    guard self.reachable.current.online else { continue }
                     for w in self.presenceMutex.withLock({ self.present }) { try? self.renewPresence(w) }
                 }
             }

@@ -57,10 +57,19 @@ public func parseChunkLocation(_ text: String) throws(StoreError) -> ChunkLocati
 /// `begin` and `end` record the writer's presence, for the other machines.
 final class SharedDurability: Durability, @unchecked Sendable {
     private let metadata: PostgresMetadataStore
-    init(metadata: PostgresMetadataStore) { self.metadata = metadata }
+    /// Opened out of reach: asking would wait out the timeout.
+    private let unreached: Bool
+    init(metadata: PostgresMetadataStore, unreached: Bool) {
+        self.metadata = metadata
+        self.unreached = unreached
+    }
     func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String] {
+        if unreached {
+            // Announced once the servers answer.
+            metadata.keepPresent(writer)
+            return []
+        }
         do { try metadata.announce(writer) } catch {
-            // Started out of reach: announced once the servers answer.
             if error.kind != .unavailable { throw error }
         }
         return []
@@ -170,11 +179,7 @@ struct LocalIdentity: Codable, Equatable {
         }
     }
 
-    func write(_ path: String) throws(StoreError) {
-        let data: Data
-        do { data = try JSONEncoder().encode(self) } catch { throw StoreError(errno: EIO, "cannot encode \(path): \(error)") }
-        try writeDurably(data, to: path)
-    }
+    func write(_ path: String) throws(StoreError) { try writeJSONDurably(self, to: path) }
 }
 
 /// Opens the shared store at `url`, with this machine's working copies in `localDirectory`
@@ -204,6 +209,10 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
             if error.kind == .unavailable && identity == nil {
                 throw StoreError(error.kind, error.message + " (this machine has no copy of the store to start from: "
                                  + "it needs the servers once)")
+            }
+            if error.kind == .unavailable && !queueLock.held {
+                throw StoreError(error.kind, error.message + " (another daemon on \(localDirectory) keeps this machine's "
+                                 + "copy of the store, so this one cannot start from it)")
             }
             throw error
         }
@@ -237,6 +246,7 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     let idsPath = { (name: String) -> String? in queueLock.held ? queueFolder + "/" + name + ".ids" : nil }
     // This machine's way to the chunks, when it gave one (its own endpoint of the same bucket).
     let remote: any RemoteChunks
+    var checkBucket: () throws(StoreError) -> Void = {}
     switch chunks ?? recorded {
     case .postgres:
         remote = try PostgresBlobStore(url: url, timeout: timeout, connections: 4, reachability: reachability,
@@ -249,19 +259,29 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
                                  reachability: reachability,
                                  serverClock: { () throws(StoreError) in try metadata.serverNanoseconds() })
         // The bucket this machine reaches must be the store's: a wrong endpoint or a service with
-        // a bucket of the same name would take chunks the other machines never find.
-        let marker: String?
-        do throws(StoreError) { marker = try s3.readMarker() } catch {
-            // Out of reach too: checked at the next start with it in reach.
-            guard unreached, error.kind == .unavailable else { throw error }
-            marker = storeIdentifier
+        // a bucket of the same name would take chunks the other machines never find. Out of
+        // reach, it is checked when the servers answer, before anything is uploaded.
+        checkBucket = { () throws(StoreError) in
+            let marker = try s3.readMarker()
+            guard marker == storeIdentifier else {
+                throw StoreError(errno: EINVAL, "the bucket \(location.bucket) at \(location.endpoint) "
+                                 + (marker == nil ? "does not hold this store's chunks" : "holds another store's chunks")
+                                 + ": check --chunks (the store records \(recorded))")
+            }
         }
-        guard marker == storeIdentifier else {
-            throw StoreError(errno: EINVAL, "the bucket \(location.bucket) at \(location.endpoint) "
-                             + (marker == nil ? "does not hold this store's chunks" : "holds another store's chunks")
-                             + ": check --chunks (the store records \(recorded))")
-        }
+        if !unreached { try checkBucket() }
         remote = s3
+    }
+    // What a start out of reach could not check, checked at the servers' first answer: that the
+    // address still holds this folder's store (not one made anew meanwhile).
+    let firstContact = { () throws(StoreError) in
+        try metadata.checkSchemaNow()
+        let (id, _) = try metadata.identity()
+        guard id == storeIdentifier else {
+            throw StoreError(errno: EINVAL, "\(redacted(url)) now holds another store (id \(id)) than the one this machine's "
+                             + "folder \(localDirectory) is for (id \(storeIdentifier)): what is queued there stays there")
+        }
+        try checkBucket()
     }
     let cache = try ChunkCache(remote: remote, directory: localDirectory + "/cache", limit: cacheLimit,
                                reachability: reachability, log: log)
@@ -269,8 +289,9 @@ public func openSharedStore(url: String, chunks: ChunkLocation? = nil, localDire
     let locks = try PostgresLockTable(url: url, timeout: timeout, leaseSeconds: lockLease, reachability: reachability, log: log)
     let replica = queueLock.held ? try LocalReplica(path: localDirectory + "/replica.sqlite", log: log) : nil
     let journal = try JournalingMetadataStore(inner: metadata, cache: cache, folder: queueFolder, lock: queueLock,
-                                              replica: replica, unreached: unreached, idsPath: idsPath, log: log)
+                                              replica: replica, unreached: unreached, firstContact: firstContact,
+                                              idsPath: idsPath, log: log)
     return BackingStore(metadata: journal, blobs: cache, work: work, locks: locks,
-                        durability: SharedDurability(metadata: metadata), localChunks: cache,
+                        durability: SharedDurability(metadata: metadata, unreached: unreached), localChunks: cache,
                         deletesChunksOfFailedCommits: false, offline: journal)
 }

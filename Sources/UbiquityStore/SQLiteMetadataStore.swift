@@ -451,11 +451,13 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     /// The position of the other store this database holds, or nil.
     package func replicaPosition() throws(StoreError) -> ChangeSeq? {
-        try mutex.withLock { () throws(StoreError) -> ChangeSeq? in
-            var seq: ChangeSeq?
-            try run("SELECT value FROM store_meta WHERE key = 'replica_seq'", row: { r in seq = r.int(0) })
-            return seq
-        }
+        try mutex.withLock { () throws(StoreError) -> ChangeSeq? in try replicaPositionLocked() }
+    }
+
+    private func replicaPositionLocked() throws(StoreError) -> ChangeSeq? {
+        var seq: ChangeSeq?
+        try run("SELECT value FROM store_meta WHERE key = 'replica_seq'", row: { r in seq = r.int(0) })
+        return seq
     }
 
     /// The held state, or nil when the copy is not whole.
@@ -463,8 +465,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         try mutex.withLock { () throws(StoreError) -> StoreSnapshot? in
             var whole = true
             let s = try loadLocked { () throws(StoreError) -> ChangeSeq in
-                var seq: ChangeSeq?
-                try run("SELECT value FROM store_meta WHERE key = 'replica_seq'", row: { r in seq = r.int(0) })
+                let seq = try replicaPositionLocked()
                 whole = seq != nil
                 return seq ?? 0
             }

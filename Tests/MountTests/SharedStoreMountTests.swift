@@ -460,6 +460,33 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
         try unmount()
     }
 
+    /// A store made anew at the same address while A was away is not A's store: A, started from
+    /// its copy while cut off, sends it nothing once it answers, and says why; its queue stays.
+    func testAStoreMadeAnewWhileAWayGetsNothingFromThisMachine() throws {
+        try mountBoth()
+        let a = docs("TestDrive")
+        link("down")
+        XCTAssertEqual(Posix.writeFile(a + "/for-the-old-store.txt", "queued\n"), 0)
+        try unmount()
+        try unmount(at: second)
+        XCTAssertTrue(psql("DROP SCHEMA ubiquityfs CASCADE", database: database).succeeded)
+        // (Chunks in the database: the bucket is the old store's, and says so.)
+        let made = ubiquityfs(["init-store", "--store", storeURL, "--chunks", "postgres"])
+        XCTAssertTrue(made.succeeded, "\(made)")
+        try mount(extra: TwoMountsTests.longCache)
+        XCTAssertEqual(Posix.readText(a + "/for-the-old-store.txt"), "queued\n")
+        link("up")
+        eventually("the refusal in A's log", seconds: 30) {
+            ((try? String(contentsOfFile: storeDir + "/ubiquityfs.log", encoding: .utf8)) ?? "").contains("now holds another store")
+        }
+        usleep(1_500_000)
+        let status = ubiquityfs(["status", mountPoint]).stdout
+        XCTAssertNotNil(status.range(of: #"queued: [1-9][0-9]* change"#, options: .regularExpression), status)
+        XCTAssertEqual(psql("SELECT count(*) FROM ubiquityfs.changes", database: database).stdout
+                        .trimmingCharacters(in: .whitespacesAndNewlines), "0", "nothing of A's reached the new store")
+        try unmount()
+    }
+
     /// The queue is on A's disk: a change queued while cut off, then the daemon killed, stays.
     /// Mounted again while still cut off, A starts from its own copy of the namespace: what it
     /// knew, its queued change, and new changes queued behind it. All of it lands once the

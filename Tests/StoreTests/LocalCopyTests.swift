@@ -43,9 +43,9 @@ final class LocalCopyTests: XCTestCase {
                                        .putDirent(DirentRecord(parent: 1, name: Array("d".utf8), child: 3)),
                                        .setMeta(key: "k", value: "v")])
         replica.committed(mine)
-        XCTAssertEqual(replica.settle(), mark, "this machine's commit waits for the one before it")
+        XCTAssertEqual(try replica.load()?.seq, mark, "this machine's commit waits for the one before it")
         replica.read([theirs, mine], after: mark)
-        XCTAssertEqual(replica.settle(), mine.seq)
+        XCTAssertEqual(try replica.load()?.seq, mine.seq)
         // A new version replaces the old one; a deleted node goes with its names and attributes.
         mark = mine.seq
         let edit = try commit(server, [.putVersion(Sample.version(21, ino: 2)), .putNode(Sample.node(2, size: 9, version: 21)),
@@ -60,14 +60,23 @@ final class LocalCopyTests: XCTestCase {
         let reopened = try LocalReplica(path: folder + "/replica.sqlite", log: { _ in })
         assertSameContent(try XCTUnwrap(reopened.load()), try server.load())
         XCTAssertEqual(try reopened.load()?.seq, edit.seq)
+
+        // Settled for queued changes, it stays as it is until the next load replaces it.
+        XCTAssertEqual(replica.settle(), edit.seq)
+        let later = try commit(server, [.putNode(Sample.node(4))])
+        replica.committed(later)
+        replica.read([later], after: edit.seq)
+        XCTAssertEqual(try replica.load()?.seq, edit.seq)
+        replica.reset(to: try server.load())
+        XCTAssertEqual(try replica.load()?.seq, later.seq)
     }
 
     /// Records that skip past the copy's position mean it missed some: it is dropped, and stays
     /// dropped when opened again, rather than showing a state the servers never had.
     func testACopyThatMissedRecordsIsDropped() throws {
         let server = makeMemoryStore().metadata
-        let lines = LogLines()
-        let replica = try LocalReplica(path: folder + "/replica.sqlite", log: lines.append)
+        let lines = LockedBox<[String]>([])
+        let replica = try LocalReplica(path: folder + "/replica.sqlite", log: { line in lines.update { $0.append(line) } })
         _ = try commit(server, [.putNode(Sample.node(1, kind: .directory))])
         replica.reset(to: try server.load())
         let missed = try commit(server, [.putNode(Sample.node(2))])
@@ -75,7 +84,7 @@ final class LocalCopyTests: XCTestCase {
         replica.read([next], after: missed.seq)
         XCTAssertNil(replica.settle())
         XCTAssertNil(try replica.load())
-        XCTAssertTrue(lines.all.contains { $0.contains("copy of the namespace is dropped") }, "\(lines.all)")
+        XCTAssertTrue(lines.value.contains { $0.contains("copy of the namespace is dropped") }, "\(lines.value)")
         XCTAssertNil(try LocalReplica(path: folder + "/replica.sqlite", log: { _ in }).load())
         // The next load makes it whole again.
         replica.reset(to: try server.load())
@@ -117,6 +126,18 @@ final class LocalCopyTests: XCTestCase {
             // Killed: whatever memory had is gone.
         }
         XCTAssertGreaterThan(offline, 0, "the file served ids while out of reach")
+        // A write of the file that fails hands nothing out, and what follows is still written first.
+        let aside = folder + "/aside"
+        try FileManager.default.createDirectory(atPath: aside, withIntermediateDirectories: true)
+        let failing = try IDReserve(path: aside + "/f.ids", batch: 300, low: 10, reserve: reserve)
+        try failing.prime()
+        for _ in 0..<3 { for id in try failing.take(100, online: false) { XCTAssertTrue(handedOut.insert(id).inserted) } }
+        try FileManager.default.removeItem(atPath: aside)
+        XCTAssertThrowsError(try failing.take(100, online: true), "the file cannot be written")
+        try FileManager.default.createDirectory(atPath: aside, withIntermediateDirectories: true)
+        for id in try failing.take(5, online: true) { XCTAssertTrue(handedOut.insert(id).inserted) }
+        let after = try IDReserve(path: aside + "/f.ids", batch: 300, low: 10, reserve: reserve)
+        for id in try after.take(50, online: false) { XCTAssertTrue(handedOut.insert(id).inserted, "id \(id) handed out twice") }
         XCTAssertLessThanOrEqual(Int64(handedOut.count), counter - 100, "only reserved ids are handed out")
         // Out of reach with the file used up: a clear failure, not a made-up id.
         let dry = try IDReserve(path: folder + "/dry.ids", reserve: { _ throws(StoreError) in
@@ -126,12 +147,4 @@ final class LocalCopyTests: XCTestCase {
             XCTAssertEqual((error as? StoreError)?.kind, .unavailable)
         }
     }
-}
-
-/// Lines a component logged, for tests.
-final class LogLines: @unchecked Sendable {
-    private let lock = NSLock()
-    private var lines: [String] = []
-    var all: [String] { lock.withLock { lines } }
-    func append(_ line: String) { lock.withLock { lines.append(line) } }
 }
