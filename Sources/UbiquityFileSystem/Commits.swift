@@ -144,6 +144,8 @@ extension UbiquityFileSystem {
             return
         }
         let chunks = chunksNeeded(by: records)
+        // Files whose content another writer changed, with their chunks before (for pins).
+        var changedContent: [InodeNumber: [ChunkRef]] = [:]
         ns.write {
             // Without a change feed draining them (a model in a test), keep the newest only.
             if pendingInvalidations.count > 1_000_000 { pendingInvalidations.removeFirst(500_000) }
@@ -163,6 +165,12 @@ extension UbiquityFileSystem {
                 }
                 let trashBefore = trashedItems(touchedBy: r.mutations)
                 let watches = remote ? watches(before: r.mutations) : []
+                if remote {
+                    for case .putNode(let n) in r.mutations where n.kind == .regular && changedContent[n.ino] == nil
+                        && n.currentVersion != state.nodes[n.ino]?.currentVersion {
+                        changedContent[n.ino] = state.chunks[n.ino] ?? []
+                    }
+                }
                 applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)
                 pendingWatches += watches
                 if !trashBefore.isEmpty { pendingInvalidations += trashInvalidations(before: trashBefore) }
@@ -181,6 +189,7 @@ extension UbiquityFileSystem {
                 }
             }
         }
+        followPins(changedContent)
     }
 
     /// The chunk lists of the versions `records` make current: from the batch when it carries

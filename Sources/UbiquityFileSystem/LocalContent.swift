@@ -47,6 +47,13 @@ extension UbiquityFileSystem {
     public func evictContent(_ ino: InodeNumber) throws(FSError) -> (files: Int, bytes: UInt64) {
         let local = try localChunks()
         let files = try filesUnder(ino)
+        // Pins at or under it go too (a pin of a folder above it stays, and brings back what
+        // another machine changes there).
+        let pins = local.pinnedFiles
+        let unpinned = ns.read { pins.filter { $0 != ino && !isUnder($0, ino) } }
+        if unpinned != pins {
+            do { try local.setPinnedFiles(unpinned) } catch { throw FSError(error) }
+        }
         var bytes: UInt64 = 0
         for (_, chunks) in files {
             let held = chunks.filter { !$0.isHole && local.isLocal($0.blob) }
@@ -60,6 +67,7 @@ extension UbiquityFileSystem {
     public func keepContent(_ ino: InodeNumber) throws(FSError) -> (files: Int, bytes: UInt64) {
         let local = try localChunks()
         let files = try filesUnder(ino)
+        do { try local.setPinnedFiles(local.pinnedFiles.union([ino])) } catch { throw FSError(error) }
         var bytes: UInt64 = 0
         for (file, chunks) in files {
             do { try local.keep(chunks.filter { !$0.isHole }) } catch {
@@ -68,5 +76,46 @@ extension UbiquityFileSystem {
             bytes += chunks.reduce(0) { $0 + UInt64($1.length) }
         }
         return (files.count, bytes)
+    }
+
+    /// Whether `node` is `folder` or lies under it (by its first name, for a file). Caller holds ns.
+    private func isUnder(_ node: InodeNumber, _ folder: InodeNumber) -> Bool {
+        if node == folder { return true }
+        var at: InodeNumber? = state.nodes[node]?.kind == .directory ? node : state.firstName(of: node)?.parent
+        var steps = 0
+        while let a = at, steps < 4096 {
+            if a == folder { return true }
+            at = state.parent[a]
+            steps += 1
+        }
+        return false
+    }
+
+    /// Another writer's changes made `changed` files' content current: those pinned (or in a
+    /// pinned folder) are downloaded and kept now, in the background, as `ubiquityfs pin`
+    /// promised; the chunks of their content before are kept no longer. Caller holds nothing.
+    func followPins(_ changed: [InodeNumber: [ChunkRef]]) {
+        guard let local = store.localChunks, !changed.isEmpty else { return }
+        let pins = local.pinnedFiles
+        guard !pins.isEmpty else { return }
+        let due: [(InodeNumber, [ChunkRef], [ChunkRef])] = ns.read {
+            changed.compactMap { (ino, old) in
+                guard pins.contains(where: { isUnder(ino, $0) }), let now = state.chunks[ino] else { return nil }
+                return (ino, now, old)
+            }
+        }
+        guard !due.isEmpty else { return }
+        DispatchQueue.global(qos: .utility).async { [self] in
+            for (ino, now, old) in due {
+                let keeping = Set(now.map(\.blob))
+                do {
+                    try local.keep(now.filter { !$0.isHole })
+                    local.release(old.map(\.blob).filter { !keeping.contains($0) })
+                } catch {
+                    log("keeping the new content of pinned \(displayPath(of: ino) ?? "inode \(ino)") failed: \(error); "
+                        + "it is downloaded when read")
+                }
+            }
+        }
     }
 }

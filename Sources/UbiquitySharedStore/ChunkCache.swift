@@ -59,6 +59,8 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     private var total: Int64 = 0
     private var tick: UInt64 = 0
     private var pinned: Set<BlobID> = []
+    private var pinnedFileSet: Set<InodeNumber> = []
+    private let pinnedFilesPath: String
     /// Chunks in the outbox, with their sizes: to be uploaded before the batch naming them is
     /// sent, and kept here until it lands.
     private var outbox: [BlobID: Int64] = [:]
@@ -79,6 +81,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         self.reachability = reachability
         local = try LocalBlobStore(directory: directory, fdCacheCapacity: 256)
         pinnedPath = directory + "/pinned"
+        pinnedFilesPath = directory + "/pinned-files"
         outboxPath = directory + "/outbox"
         try makeDirectories(outboxPath, mode: 0o700)
         // Oldest first by modification time, so the first evictions take the oldest copies.
@@ -95,6 +98,9 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         }
         if let text = try? String(contentsOfFile: pinnedPath, encoding: .utf8) {
             pinned = Set(text.split(separator: "\n").compactMap { UInt64($0, radix: 16) })
+        }
+        if let text = try? String(contentsOfFile: pinnedFilesPath, encoding: .utf8) {
+            pinnedFileSet = Set(text.split(separator: "\n").compactMap { UInt64($0) })
         }
         for name in (try? FileManager.default.contentsOfDirectory(atPath: outboxPath)) ?? [] {
             guard let id = UInt64(name, radix: 16) else { continue }
@@ -363,6 +369,26 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         try? savePinned()
     }
 
+    public func release(_ blobs: [BlobID]) {
+        condition.lock()
+        pinned.subtract(blobs)
+        condition.unlock()
+        try? savePinned()
+    }
+
+    public var pinnedFiles: Set<InodeNumber> {
+        condition.lock()
+        defer { condition.unlock() }
+        return pinnedFileSet
+    }
+
+    public func setPinnedFiles(_ files: Set<InodeNumber>) throws(StoreError) {
+        condition.lock()
+        pinnedFileSet = files
+        condition.unlock()
+        try writeList(files.sorted().map { String($0) }, to: pinnedFilesPath, what: "the pinned files")
+    }
+
     // MARK: Internals
 
     /// Marks `blob` used; false if it is not cached.
@@ -474,13 +500,19 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
 
     private func savePinned() throws(StoreError) {
         condition.lock()
-        let text = pinned.map { String($0, radix: 16) }.sorted().joined(separator: "\n")
+        let lines = pinned.map { String($0, radix: 16) }.sorted()
         condition.unlock()
+        try writeList(lines, to: pinnedPath, what: "the pinned chunks")
+    }
+
+    private func writeList(_ lines: [String], to path: String, what: String) throws(StoreError) {
         // A file of its own per call: two saves at once must not write one temporary file.
-        let temp = pinnedPath + ".tmp-" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
-        guard FileManager.default.createFile(atPath: temp, contents: Data(text.utf8), attributes: [.posixPermissions: 0o600]),
-              rename(temp, pinnedPath) == 0 else {
-            throw StoreError(errno: EIO, "cannot record the pinned chunks in \(pinnedPath)")
+        let temp = path + ".tmp-" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
+        guard FileManager.default.createFile(atPath: temp, contents: Data(lines.joined(separator: "\n").utf8),
+                                             attributes: [.posixPermissions: 0o600]),
+              rename(temp, path) == 0 else {
+            _ = unlink(temp)
+            throw StoreError(errno: EIO, "cannot record \(what) in \(path)")
         }
     }
 }

@@ -450,6 +450,12 @@ public protocol LocalChunks: AnyObject, Sendable {
     func keep(_ chunks: [ChunkRef]) throws(StoreError)
     /// Drop the local copies (`ubiquityfs evict`); reading them fetches them again.
     func evict(_ blobs: [BlobID])
+    /// Let these go to the cache's limit like any other (kept no longer, not dropped now).
+    func release(_ blobs: [BlobID])
+    /// Files and folders pinned (`ubiquityfs pin`): their content is kept as it changes. Kept on
+    /// this machine's disk beside the chunks.
+    var pinnedFiles: Set<InodeNumber> { get }
+    func setPinnedFiles(_ files: Set<InodeNumber>) throws(StoreError)
 }
 
 /// A mutable working copy. Byte offsets are file offsets; chunk `i` of the document is at

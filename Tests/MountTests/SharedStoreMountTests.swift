@@ -202,6 +202,38 @@ final class SharedStoreCacheTests: SharedStoreTestCase {
         try unmount()
     }
 
+    /// A pin keeps a file's content on this machine as other machines change it, and a pinned
+    /// folder's files, new ones too; evicting lets them go again.
+    func testPinnedContentFollowsNewVersions() throws {
+        try mountBoth()
+        let a = docs("Notes"), b = second + "/Notes"
+        assertShell("mkdir \(shellQuote(a + "/Kept")) && head -c 1500000 /dev/urandom > \(shellQuote(a + "/kept.bin"))"
+                    + " && head -c 1000 /dev/urandom > \(shellQuote(a + "/Kept/x.bin")) && head -c 1000 /dev/urandom > \(shellQuote(a + "/other.bin"))")
+        eventually("A's files on B") { Posix.exists(b + "/other.bin") && Posix.exists(b + "/Kept/x.bin") && Posix.exists(b + "/kept.bin") }
+        XCTAssertTrue(ubiquityfs(["pin", b + "/kept.bin"]).succeeded)
+        XCTAssertTrue(ubiquityfs(["pin", b + "/Kept"]).succeeded)
+        XCTAssertEqual(status(b + "/Kept/x.bin"), "downloaded")
+        // A changes them all and adds a file to the pinned folder.
+        assertShell("head -c 2500000 /dev/urandom > \(shellQuote(scratchDir + "/kept2")) && cp \(shellQuote(scratchDir + "/kept2")) \(shellQuote(a + "/kept.bin"))"
+                    + " && head -c 3000 /dev/urandom > \(shellQuote(a + "/Kept/new.bin")) && head -c 2000 /dev/urandom > \(shellQuote(a + "/other.bin"))")
+        eventually("the new content of what B pinned, on B without a read", seconds: 20) {
+            Posix.stat(b + "/kept.bin")?.st_size == 2_500_000 && self.status(b + "/kept.bin") == "downloaded"
+                && self.status(b + "/Kept/new.bin") == "downloaded"
+        }
+        eventually("B has A's new other.bin") { Posix.stat(b + "/other.bin")?.st_size == 2000 }
+        XCTAssertEqual(status(b + "/other.bin"), "not-downloaded", "not pinned")
+        assertShell("cmp \(shellQuote(scratchDir + "/kept2")) \(shellQuote(b + "/kept.bin"))")
+        // Evicting the folder ends its pin: A's next change stays on the servers until read.
+        XCTAssertTrue(ubiquityfs(["evict", b + "/Kept"]).succeeded)
+        XCTAssertEqual(status(b + "/Kept/new.bin"), "not-downloaded")
+        assertShell("head -c 4000 /dev/urandom > \(shellQuote(a + "/Kept/new.bin"))")
+        eventually("A's change on B") { Posix.stat(b + "/Kept/new.bin")?.st_size == 4000 }
+        usleep(1_000_000)
+        XCTAssertEqual(status(b + "/Kept/new.bin"), "not-downloaded", "no longer pinned")
+        try unmount(at: second)
+        try unmount()
+    }
+
     /// A sequential read downloads ahead of the reader: after reading the first chunks of a big
     /// evicted file, the next ones are already here.
     func testSequentialReadsDownloadAhead() throws {
