@@ -443,12 +443,6 @@ func isAllZero(_ bytes: UnsafeRawBufferPointer) -> Bool {
     return true
 }
 
-func monotonicNanoseconds() -> UInt64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
-}
-
 func allocatedBytes(_ chunks: [ChunkRef]) -> UInt64 {
     chunks.reduce(0) { $0 + ($1.isHole ? 0 : UInt64($1.length)) }
 }

@@ -137,8 +137,8 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
                 if (try? local.put(id, bytes)) != nil {
                     added(id, size: Int64(bytes.count))
                     condition.lock()
-                    recent[id] = monotonicNow()
-                    if recent.count > 200_000 { recent = recent.filter { monotonicNow() &- $0.value < Self.writtenWindow } }
+                    recent[id] = monotonicNanoseconds()
+                    if recent.count > 200_000 { recent = recent.filter { monotonicNanoseconds() &- $0.value < Self.writtenWindow } }
                     condition.unlock()
                 }
                 return ref
@@ -183,7 +183,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     /// is the collection's once it is old, and the batch may wait long).
     func hold(_ chunks: [BlobID]) throws(StoreError) {
         condition.lock()
-        let now = monotonicNow()
+        let now = monotonicNanoseconds()
         let again = chunks.compactMap { id -> (BlobID, Int64)? in
             guard let t = recent[id], now &- t < Self.writtenWindow, let e = entries[id] else { return nil }
             return (id, e.size)
@@ -219,7 +219,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     /// (kept here, uploaded again if they wait long) until `landed`.
     func upload(_ ids: [BlobID]? = nil) throws(StoreError) {
         condition.lock()
-        let now = monotonicNow()
+        let now = monotonicNanoseconds()
         let due = (ids ?? Array(outbox.keys)).filter { id in
             outbox[id] != nil && (uploaded[id].map { now &- $0 >= Self.recentNanoseconds / 2 } ?? true)
         }.sorted()
@@ -239,7 +239,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             }
             try remote.put(id, UnsafeRawBufferPointer(rebasing: buffer[..<n]))
             condition.lock()
-            uploaded[id] = monotonicNow()
+            uploaded[id] = monotonicNanoseconds()
             condition.unlock()
         }
         log("uploaded \(due.count) chunk\(due.count == 1 ? "" : "s") written while the servers were out of reach")
@@ -263,12 +263,6 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     /// How long this machine remembers writing a chunk (a publish that took long, then found
     /// the servers gone, still has its early chunks uploaded again before its batch is sent).
     private static let writtenWindow: UInt64 = 24 * 3600 * 1_000_000_000
-
-    private func monotonicNow() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
-    }
 
     private func syncFile(_ path: String) throws(StoreError) {
         let fd = open(path, O_RDONLY | O_CLOEXEC)

@@ -346,9 +346,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     }
 
     public func sendIfDue() {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        let now = UInt64(ts.tv_sec) &* 1_000_000_000 &+ UInt64(ts.tv_nsec)
+        let now = monotonicNanoseconds()
         let due = mutex.withLock { () -> Bool in
             guard offlineView || (state.settling && cache.waiting.chunks > 0), now &- lastTry >= Self.retryInterval else {
                 return false

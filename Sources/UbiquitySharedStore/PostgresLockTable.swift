@@ -40,6 +40,8 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     private var unsynced = false
     private let reachability: Reachability?
     private let log: @Sendable (String) -> Void
+    /// When the leases were last renewed (monotonic nanoseconds; 0: not yet).
+    private var renewed: UInt64 = 0
 
     public convenience init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
         try self.init(url: url, timeout: timeout, leaseSeconds: leaseSeconds, reachability: nil)
@@ -252,6 +254,7 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
             return clashes
         }
         unsynced = false
+        renewed = monotonicNanoseconds()
         log("the store's servers answer: this machine's locks are held there again")
         for node in Set(clashes).sorted() {
             log("inode \(node): a lock taken here while cut off is also held by another machine (each took it while "
@@ -347,7 +350,20 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
                     if self.unsynced {
                         if !self.outOfReach { try? self.syncLocked() }
                     } else {
-                        for w in self.writers { try? self.renew(w) }
+                        var failed = false
+                        for w in self.writers {
+                            do throws(StoreError) { try self.renew(w) } catch { failed = true }
+                        }
+                        let now = monotonicNanoseconds()
+                        if !failed { self.renewed = now }
+                        // No renewal for a lease's length: the servers count this machine's locks
+                        // for nothing now, and another machine may take them. They are put back
+                        // as they are once the servers answer.
+                        if failed, self.renewed > 0, now &- self.renewed > UInt64(self.leaseSeconds) * 1_000_000_000 {
+                            self.log("the lease of this machine's locks ran out without a renewal (the servers did not answer "
+                                     + "for \(self.leaseSeconds) s): other machines may take them until they answer")
+                            self.unsynced = true
+                        }
                     }
                 }
             }

@@ -169,3 +169,10 @@ package final class StoreMutex: @unchecked Sendable {
         return try body()
     }
 }
+
+/// Nanoseconds of the monotonic clock (for intervals; not a time of day).
+package func monotonicNanoseconds() -> UInt64 {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+}
