@@ -488,7 +488,26 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
             let r = Command.run(["python3", "-c", probe, b], timeout: 30)
             return r.stdout.split(separator: "\n").map(String.init) == ["got", "got", "got", "getlk free"]
         }
-        try unmount(at: second)
+
+        // Locks taken in reach, then a cut longer than the lease (3 s): A says the lease ran out,
+        // and puts them back once the servers answer.
+        try? FileManager.default.removeItem(atPath: ready)
+        let second = try BackgroundProcess(holder.argv, environment: environment, log: holderLog)
+        defer { second.stop() }
+        eventually("the second holder's locks", seconds: 20) { Posix.readText(ready) == "held" }
+        eventually("B sees them", seconds: 20) {
+            Command.run(["python3", "-c", probe, b], timeout: 10).stdout.hasPrefix("EAGAIN\nEAGAIN")
+        }
+        link("down")
+        eventually("the lapse in A's log", seconds: 20) {
+            ((try? String(contentsOfFile: storeDir + "/ubiquityfs.log", encoding: .utf8)) ?? "").contains("lease of this machine's locks ran out")
+        }
+        link("up")
+        eventually("A's locks held on the servers again after the lapse", seconds: 30) {
+            Command.run(["python3", "-c", probe, b], timeout: 10).stdout.hasPrefix("EAGAIN\nEAGAIN\ngot\ngetlk locked")
+        }
+        second.stop()
+        try unmount(at: self.second)
         try unmount()
     }
 
