@@ -29,6 +29,8 @@ protocol RemoteChunks: BlobStore {
     func primeIDs() throws(StoreError)
     /// Stores `bytes` as blob `id`; storing the same id again is harmless.
     func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError)
+    /// Whether blob `id` is there.
+    func has(_ id: BlobID) throws(StoreError) -> Bool
 }
 
 public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
@@ -243,6 +245,34 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             condition.unlock()
         }
         log("uploaded \(due.count) chunk\(due.count == 1 ? "" : "s") written while the servers were out of reach")
+    }
+
+    /// Before a batch queued while cut off is sent: the chunks it names that are not this
+    /// machine's own new ones must still be on the servers, and another machine may have freed
+    /// them meanwhile (with a file it deleted for good, or versions its retention pruned). Those
+    /// missing are uploaded again from this machine's copies; returns those it has no copy of.
+    func secure(_ ids: [BlobID]) throws(StoreError) -> [BlobID] {
+        condition.lock()
+        let others = Set(ids).filter { $0 != 0 && outbox[$0] == nil }.sorted()
+        condition.unlock()
+        var lost: [BlobID] = []
+        var restored = 0
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        for id in others where try !remote.has(id) {
+            let n: Int
+            do throws(StoreError) { n = try local.read(id, at: 0, into: buffer) } catch {
+                guard error.kind == .notFound else { throw error }
+                lost.append(id)
+                continue
+            }
+            try remote.put(id, UnsafeRawBufferPointer(rebasing: buffer[..<n]))
+            restored += 1
+        }
+        if restored > 0 {
+            log("uploaded again \(restored) chunk\(restored == 1 ? "" : "s") that changes made out of reach name and the store no longer had")
+        }
+        return lost
     }
 
     /// A batch naming `ids` landed and no queued batch names them: they leave the outbox, and

@@ -276,6 +276,21 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         }
     }
 
+    /// See `ChunkCache.secure`; what neither the servers nor this machine have is named in the
+    /// log (those parts of the file read `EIO`). Caller holds mutex.
+    private func secureChunks(of e: JournalEntry) throws(StoreError) {
+        let lost = Set(try cache.secure(Self.chunks(of: e.mutations)))
+        guard !lost.isEmpty else { return }
+        for case .putVersion(let v) in e.mutations {
+            let n = v.chunks.filter { lost.contains($0.blob) }.count
+            if n > 0 {
+                log("version \(v.id) of inode \(v.ino), saved while the store was out of reach, names \(n) chunk\(n == 1 ? "" : "s") "
+                    + "of its earlier content that another machine freed meanwhile and this machine has no copy of: "
+                    + "those parts read EIO")
+            }
+        }
+    }
+
     private var waitingToSend: Bool { !entries.isEmpty && !state.settling }
     /// What the model sees is this machine's alone: queued changes, or a start out of reach.
     private var offlineView: Bool { waitingToSend || unreached }
@@ -306,6 +321,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                 try writeJSONDurably(entries[0], to: entryPath(e.id))
             }
             try cache.upload(Self.chunks(of: e.mutations))
+            try secureChunks(of: e)
             var unknown: Int32?
             let seq: ChangeSeq
             do throws(StoreError) {
@@ -568,6 +584,7 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                     if landed == nil { checkedTokens.insert(e.id) }
                 }
                 guard let landed else {
+                    do throws(StoreError) { try secureChunks(of: e) } catch { return nil }
                     return QueuedBatch(id: e.id, batch: Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer,
                                                               token: e.token))
                 }

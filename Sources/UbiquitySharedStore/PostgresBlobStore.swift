@@ -119,6 +119,12 @@ public final class PostgresBlobStore: RemoteChunks, @unchecked Sendable {
         }
     }
 
+    func has(_ id: BlobID) throws(StoreError) -> Bool {
+        try pool.with { (c) throws(StoreError) -> Bool in
+            try c.query("SELECT 1 FROM ubiquityfs.blobs WHERE id = $1", [.int(Int64(bitPattern: id))]).count == 1
+        }
+    }
+
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         if blob == 0 || buffer.isEmpty { return 0 }   // the hole: an empty blob
         guard offset >= 0 else { throw StoreError(errno: EINVAL, "read chunk \(String(blob, radix: 16)): negative offset \(offset)") }

@@ -362,6 +362,17 @@ public final class S3BlobStore: RemoteChunks, @unchecked Sendable {
         guard status == 200 else { throw client.fail("PUT chunk \(key(id))", status, body) }
     }
 
+    func has(_ id: BlobID) throws(StoreError) -> Bool {
+        var body: [UInt8] = []
+        var n = 0
+        let status = try client.perform("HEAD", client.url(key(id)), collected: &body, received: &n)
+        switch status {
+        case 200: return true
+        case 404: return false
+        default: throw client.fail("HEAD chunk \(key(id))", status, body)
+        }
+    }
+
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         if blob == 0 || buffer.isEmpty { return 0 }   // the hole
         guard offset >= 0 else { throw StoreError(errno: EINVAL, "read \(key(blob)): negative offset \(offset)") }

@@ -272,6 +272,8 @@ final class PostgresStoreTests: XCTestCase {
 
     /// A chunk connection the server ended while it sat idle (a server restart) costs nothing:
     /// the next read is tried again on a new connection.
+    func testTheRemoteSaysWhatItHas() throws { try remoteSaysWhatItHas(fixture) }
+
     func testChunkReadsOutliveConnectionsTheServerEnded() throws {
         let store = try fixture.open()
         let ref = try writeBlob(store.blobs, Sample.bytes(5000, seed: 31))
@@ -321,6 +323,7 @@ final class S3StoreTests: XCTestCase {
         super.tearDown()
     }
 
+    func testTheRemoteSaysWhatItHas() throws { try remoteSaysWhatItHas(fixture) }
     func testCommitLoadRoundTripOfEveryMutation() throws { try StoreSuite.commitLoadRoundTripOfEveryMutation(fixture) }
     func testFailingMutationLeavesNothing() throws { try StoreSuite.failingMutationLeavesNothing(fixture) }
     func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
@@ -394,6 +397,17 @@ final class S3StoreTests: XCTestCase {
 
 private func chunk(_ seed: UInt64, size: Int = 400_000) -> [UInt8] { Sample.bytes(size, seed: seed) }
 
+/// The remote says whether a chunk is there (what a queued change's chunks are checked by).
+func remoteSaysWhatItHas(_ f: PostgresFixture) throws {
+    let store = try f.open()
+    let remote = try XCTUnwrap((store.blobs as? ChunkCache)?.remote)
+    let ref = try writeBlob(store.blobs, Sample.bytes(3000, seed: 41))
+    XCTAssertTrue(try remote.has(ref.blob))
+    try remote.delete(ref.blob)
+    XCTAssertFalse(try remote.has(ref.blob))
+    XCTAssertFalse(try remote.has(0xdead_beef))
+}
+
 /// A blob store that counts reads (downloads, for the cache above it).
 /// A blob store as the chunk cache's remote: ids handed out first are mapped to the ids the
 /// store gives the chunk when it is put.
@@ -418,6 +432,7 @@ final class AsRemote: RemoteChunks, @unchecked Sendable {
     func delete(_ blob: BlobID) throws(StoreError) { try base.delete(mapped(blob)) }
     func verify(_ ref: ChunkRef) -> Bool { var r = ref; r.blob = mapped(ref.blob); return base.verify(r) }
     func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] { try base.allBlobs(writtenBefore: cutoff) }
+    func has(_ id: BlobID) throws(StoreError) -> Bool { try base.allBlobs(writtenBefore: nil).contains(mapped(id)) }
 }
 
 final class CountingBlobStore: BlobStore, @unchecked Sendable {
@@ -448,6 +463,24 @@ final class ChunkCacheTests: XCTestCase {
     override func tearDown() {
         try? FileManager.default.removeItem(atPath: folder)
         super.tearDown()
+    }
+
+    /// Chunks a queued change names that another machine freed meanwhile go up again from this
+    /// machine's copies; those it never had are reported, not invented.
+    func testChunksAnotherMachineFreedAreUploadedAgainFromHere() throws {
+        let memory = makeMemoryStore().blobs
+        let remote = AsRemote(memory)
+        let cache = try ChunkCache(remote: remote, directory: folder, limit: 10_000_000)
+        let here = try writeBlob(cache, chunk(1))
+        let elsewhere = try writeBlob(memory, chunk(2))
+        let kept = try writeBlob(memory, chunk(3))
+        try remote.delete(here.blob)
+        try memory.delete(elsewhere.blob)
+        XCTAssertFalse(try remote.has(here.blob))
+        XCTAssertEqual(try cache.secure([here.blob, elsewhere.blob, kept.blob, 0]), [elsewhere.blob])
+        XCTAssertTrue(try remote.has(here.blob))
+        XCTAssertEqual(try readBlob(remote, here.blob, count: 400_000), chunk(1))
+        XCTAssertTrue(try remote.has(kept.blob))
     }
 
     func testReadsDownloadOnceAndTheLimitHolds() throws {
