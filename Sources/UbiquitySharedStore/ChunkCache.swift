@@ -72,6 +72,12 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     /// (see `hold`).
     private var recent: [BlobID: UInt64] = [:]
     private var downloads: [BlobID: Download] = [:]
+    /// The last download the servers did not answer (monotonic nanoseconds), and why: for a
+    /// few seconds after it, while nothing else has heard from them, downloads fail at once
+    /// rather than each waiting out the timeout (the kernel asks again at once for a read that
+    /// failed).
+    private var unanswered: (at: UInt64, error: StoreError)?
+    static let unansweredWindow: UInt64 = 5_000_000_000
     private var prefetching = 0
     private static let prefetchLimit = 4
 
@@ -456,6 +462,10 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             if let error = running.error { throw error }
             return
         }
+        if let last = unanswered, reachability?.current.online != true, monotonicNanoseconds() &- last.at < Self.unansweredWindow {
+            condition.unlock()
+            throw last.error
+        }
         let download = Download()
         downloads[blob] = download
         condition.unlock()
@@ -481,6 +491,7 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             failure = error
         }
         condition.lock()
+        if let failure, failure.kind == .unavailable { unanswered = (monotonicNanoseconds(), failure) }
         download.error = failure
         download.done = true
         downloads[blob] = nil

@@ -26,11 +26,14 @@ final class PGPool: @unchecked Sendable {
     /// Runs `body` on a connection of the pool. A connection that broke while it sat idle (the
     /// link was down a while ago, the server restarted) fails its next call though the server
     /// answers again: that one failure is tried once more on a new connection. `body` must be
-    /// safe to run twice.
+    /// safe to run twice. A failure that took long (no answer) is not tried again: the caller
+    /// waits one timeout, not two.
     func with<R>(_ body: (PGConnection) throws(StoreError) -> R) throws(StoreError) -> R {
+        let start = monotonicNanoseconds()
         do {
             return try once(body)
-        } catch where error.kind == .unavailable {
+        } catch where error.kind == .unavailable
+                        && Double(monotonicNanoseconds() &- start) < target.timeout * 250_000_000 {
             return try once(body)
         }
     }

@@ -413,8 +413,19 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
 
         // A link that drops every packet, rather than one that is down: the first change waits
         // out the timeout (3 s) and is queued; the next ones queue at once.
+        XCTAssertEqual(Posix.writeFile(b + "/unread.txt", "A sees the name, not the content\n"), 0)
+        eventually("B's unread file's name on A") { Posix.exists(a + "/unread.txt") }
         let drop = ["ip", "netns", "exec", namespace, "iptables", "-I", "OUTPUT", "-o", inside, "-j", "DROP"]
         XCTAssertTrue(Command.run(drop, timeout: 20).succeeded)
+        // A read the servers never answer fails after one timeout, not one per try.
+        let (unread, unreadTime) = timed { () -> Int32 in
+            let fd = Posix.open(a + "/unread.txt", O_RDONLY)
+            guard fd >= 0 else { return errno }
+            defer { close(fd) }
+            return Posix.pread(fd, count: 100, at: 0) == nil ? errno : 0
+        }
+        XCTAssertEqual(unread, EIO)
+        XCTAssertLessThan(unreadTime, 6, "one timeout (3 s) of silence, not two")
         let (dropped, dropTime) = timed { Posix.writeFile(a + "/into-the-void.txt", "x\n") }
         XCTAssertEqual(dropped, 0, "queued: \(Posix.describe(dropped))")
         XCTAssertLessThan(dropTime, 20, "the timeout (3 s) ends the wait for an answer that never comes")
