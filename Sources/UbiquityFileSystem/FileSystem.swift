@@ -120,6 +120,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     let trashPlaceholders = TrashPlaceholders()
     let trashNameCache = TrashNameCache()
     let trashedTrees = TrashedTrees()
+    /// Downloads that keep pinned files' new content (see `followPins`), one at a time, in order.
+    let pinWork = DispatchQueue(label: "ubiquityfs.pins", qos: .utility)
 
     /// Messages for the daemon's log (recovery, registration changes, failed background publishes).
     public var log: @Sendable (String) -> Void = { _ in }

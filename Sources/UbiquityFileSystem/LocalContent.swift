@@ -49,11 +49,8 @@ extension UbiquityFileSystem {
         let files = try filesUnder(ino)
         // Pins at or under it go too (a pin of a folder above it stays, and brings back what
         // another machine changes there).
-        let pins = local.pinnedFiles
-        let unpinned = ns.read { pins.filter { $0 != ino && !isUnder($0, ino) } }
-        if unpinned != pins {
-            do { try local.setPinnedFiles(unpinned) } catch { throw FSError(error) }
-        }
+        let under = ns.read { Set(filesAndFolders(under: ino)) }
+        do { try local.updatePinnedFiles { $0.subtract(under) } } catch { throw FSError(error) }
         var bytes: UInt64 = 0
         for (_, chunks) in files {
             let held = chunks.filter { !$0.isHole && local.isLocal($0.blob) }
@@ -67,7 +64,7 @@ extension UbiquityFileSystem {
     public func keepContent(_ ino: InodeNumber) throws(FSError) -> (files: Int, bytes: UInt64) {
         let local = try localChunks()
         let files = try filesUnder(ino)
-        do { try local.setPinnedFiles(local.pinnedFiles.union([ino])) } catch { throw FSError(error) }
+        do { try local.updatePinnedFiles { _ = $0.insert(ino) } } catch { throw FSError(error) }
         var bytes: UInt64 = 0
         for (file, chunks) in files {
             do { try local.keep(chunks.filter { !$0.isHole }) } catch {
@@ -78,43 +75,52 @@ extension UbiquityFileSystem {
         return (files.count, bytes)
     }
 
-    /// Whether `node` is `folder` or lies under it (by its first name, for a file). Caller holds ns.
-    private func isUnder(_ node: InodeNumber, _ folder: InodeNumber) -> Bool {
-        if node == folder { return true }
-        var at: InodeNumber? = state.nodes[node]?.kind == .directory ? node : state.firstName(of: node)?.parent
-        var steps = 0
-        while let a = at, steps < 4096 {
-            if a == folder { return true }
-            at = state.parent[a]
-            steps += 1
-        }
-        return false
-    }
-
-    /// Another writer's changes made `changed` files' content current: those pinned (or in a
-    /// pinned folder) are downloaded and kept now, in the background, as `ubiquityfs pin`
-    /// promised; the chunks of their content before are kept no longer. Caller holds nothing.
-    func followPins(_ changed: [InodeNumber: [ChunkRef]]) {
-        guard let local = store.localChunks, !changed.isEmpty else { return }
-        let pins = local.pinnedFiles
-        guard !pins.isEmpty else { return }
-        let due: [(InodeNumber, [ChunkRef], [ChunkRef])] = ns.read {
-            changed.compactMap { (ino, old) in
-                guard pins.contains(where: { isUnder(ino, $0) }), let now = state.chunks[ino] else { return nil }
-                return (ino, now, old)
+    /// `ino` and every node under it (a folder's whole tree, by every name). Caller holds ns.
+    private func filesAndFolders(under ino: InodeNumber) -> [InodeNumber] {
+        guard state.nodes[ino] != nil else { return [] }
+        var out = [ino]
+        var folders = state.nodes[ino]?.kind == .directory ? [ino] : []
+        while let folder = folders.popLast() {
+            for child in (state.children[folder] ?? [:]).values {
+                out.append(child)
+                if state.nodes[child]?.kind == .directory { folders.append(child) }
             }
         }
-        guard !due.isEmpty else { return }
-        DispatchQueue.global(qos: .utility).async { [self] in
-            for (ino, now, old) in due {
-                let keeping = Set(now.map(\.blob))
-                do {
-                    try local.keep(now.filter { !$0.isHole })
-                    local.release(old.map(\.blob).filter { !keeping.contains($0) })
-                } catch {
-                    log("keeping the new content of pinned \(displayPath(of: ino) ?? "inode \(ino)") failed: \(error); "
-                        + "it is downloaded when read")
+        return out
+    }
+
+    /// Another writer's changes made `changed` files' content current (with their chunks
+    /// before): those pinned, or in a pinned folder, are downloaded and kept now, in the
+    /// background, as `ubiquityfs pin` promised, and the chunks no pinned file uses any more
+    /// are kept no longer. One task at a time, in the order changes came, each reading the pins
+    /// as they are then (an evict meanwhile ends them). Caller holds nothing it must keep.
+    func followPins(_ changed: [InodeNumber: [ChunkRef]]) {
+        guard let local = store.localChunks, !changed.isEmpty, !local.pinnedFiles.isEmpty else { return }
+        pinWork.async { [self] in
+            let pins = local.pinnedFiles
+            let (keep, old, gone) = ns.read { () -> ([ChunkRef], Set<BlobID>, Set<InodeNumber>) in
+                let gone = pins.filter { state.nodes[$0] == nil }
+                var files: Set<InodeNumber> = []
+                for pin in pins where !gone.contains(pin) {
+                    for n in filesAndFolders(under: pin) where state.nodes[n]?.kind == .regular { files.insert(n) }
                 }
+                var keep: [ChunkRef] = []
+                var old: Set<BlobID> = []
+                for (ino, before) in changed where files.contains(ino) {
+                    keep += (state.chunks[ino] ?? []).filter { !$0.isHole }
+                    old.formUnion(before.lazy.filter { !$0.isHole }.map(\.blob))
+                }
+                // Chunks another pinned file still uses stay pinned.
+                if !old.isEmpty { for f in files { old.subtract((state.chunks[f] ?? []).map(\.blob)) } }
+                return (keep, old, gone)
+            }
+            if !gone.isEmpty { try? local.updatePinnedFiles { $0.subtract(gone) } }
+            guard !keep.isEmpty || !old.isEmpty else { return }
+            do {
+                try local.keep(keep)
+                local.release(Array(old))
+            } catch {
+                log("keeping the new content of pinned files failed: \(error); it is downloaded when read")
             }
         }
     }

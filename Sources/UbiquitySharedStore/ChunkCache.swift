@@ -72,12 +72,12 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
     /// (see `hold`).
     private var recent: [BlobID: UInt64] = [:]
     private var downloads: [BlobID: Download] = [:]
-    /// The last download the servers did not answer (monotonic nanoseconds), and why: for a
-    /// few seconds after it, while nothing else has heard from them, downloads fail at once
-    /// rather than each waiting out the timeout (the kernel asks again at once for a read that
-    /// failed).
-    private var unanswered: (at: UInt64, error: StoreError)?
-    static let unansweredWindow: UInt64 = 5_000_000_000
+    /// Downloads the servers did not answer (when, in monotonic nanoseconds, and why): the
+    /// kernel asks again at once for a read that failed, and that second ask fails at once
+    /// (while the servers are still out of reach) rather than waiting out the timeout again.
+    /// Other chunks are tried as usual.
+    private var unanswered: [BlobID: (at: UInt64, error: StoreError)] = [:]
+    static let unansweredWindow: UInt64 = 2_000_000_000
     private var prefetching = 0
     private static let prefetchLimit = 4
 
@@ -412,11 +412,13 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
         return pinnedFileSet
     }
 
-    public func setPinnedFiles(_ files: Set<InodeNumber>) throws(StoreError) {
+    public func updatePinnedFiles(_ change: (inout Set<InodeNumber>) -> Void) throws(StoreError) {
         condition.lock()
-        pinnedFileSet = files
+        let before = pinnedFileSet
+        change(&pinnedFileSet)
+        let files = pinnedFileSet
         condition.unlock()
-        try writeList(files.sorted().map { String($0) }, to: pinnedFilesPath, what: "the pinned files")
+        if files != before { try writeList(files.sorted().map { String($0) }, to: pinnedFilesPath, what: "the pinned files") }
     }
 
     // MARK: Internals
@@ -462,9 +464,13 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             if let error = running.error { throw error }
             return
         }
-        if let last = unanswered, reachability?.current.online != true, monotonicNanoseconds() &- last.at < Self.unansweredWindow {
-            condition.unlock()
-            throw last.error
+        if let last = unanswered[blob] {
+            // Not once anything heard from the servers since.
+            if reachability?.current.online == false, monotonicNanoseconds() &- last.at < Self.unansweredWindow {
+                condition.unlock()
+                throw last.error
+            }
+            unanswered[blob] = nil
         }
         let download = Download()
         downloads[blob] = download
@@ -491,7 +497,10 @@ public final class ChunkCache: BlobStore, LocalChunks, @unchecked Sendable {
             failure = error
         }
         condition.lock()
-        if let failure, failure.kind == .unavailable { unanswered = (monotonicNanoseconds(), failure) }
+        if let failure, failure.kind == .unavailable {
+            if unanswered.count > 1024 { unanswered = [:] }
+            unanswered[blob] = (monotonicNanoseconds(), failure)
+        }
         download.error = failure
         download.done = true
         downloads[blob] = nil

@@ -119,6 +119,11 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     private let firstContact: () throws(StoreError) -> Void
     private var contacted: Bool
     private var lastContactFailure = ""
+    /// Chunks of queued batches checked on the servers (`ChunkCache.secure`) by this daemon, and
+    /// those neither the servers nor this machine had.
+    private var secured: Set<BlobID> = []
+    private var missingChunks: Set<BlobID> = []
+    private var lastSecureFailure = ""
 
     init(inner: PostgresMetadataStore, cache: ChunkCache, folder: String, lock: QueueLock, replica: LocalReplica?,
          unreached: Bool = false, firstContact: @escaping () throws(StoreError) -> Void = {},
@@ -279,7 +284,13 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
     /// See `ChunkCache.secure`; what neither the servers nor this machine have is named in the
     /// log (those parts of the file read `EIO`). Caller holds mutex.
     private func secureChunks(of e: JournalEntry) throws(StoreError) {
-        let lost = Set(try cache.secure(Self.chunks(of: e.mutations)))
+        let ids = Self.chunks(of: e.mutations)
+        let unchecked = ids.filter { !secured.contains($0) }
+        if !unchecked.isEmpty {
+            missingChunks.formUnion(try cache.secure(unchecked))
+            secured.formUnion(unchecked)
+        }
+        let lost = Set(ids).intersection(missingChunks)
         guard !lost.isEmpty else { return }
         for case .putVersion(let v) in e.mutations {
             let n = v.chunks.filter { lost.contains($0.blob) }.count
@@ -388,6 +399,22 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         do throws(StoreError) { try cache.upload() } catch {
             log("uploading the chunks written while the store was out of reach failed; tried again later: \(error.message)")
             return
+        }
+        // The earlier content queued batches name, checked once, without the mutex (a round
+        // trip per chunk: commits must not wait for them).
+        let unchecked = mutex.withLock { Array(Set(entries.flatMap { Self.chunks(of: $0.mutations) }).subtracting(secured)) }
+        if !unchecked.isEmpty {
+            do throws(StoreError) {
+                let lost = try cache.secure(unchecked)
+                mutex.withLock {
+                    secured.formUnion(unchecked)
+                    missingChunks.formUnion(lost)
+                }
+            } catch {
+                log("checking the chunks of the changes made while the store was out of reach failed; tried again later: "
+                    + error.message)
+                return
+            }
         }
         mutex.withLock {
             guard offlineView else { return }
@@ -584,7 +611,13 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
                     if landed == nil { checkedTokens.insert(e.id) }
                 }
                 guard let landed else {
-                    do throws(StoreError) { try secureChunks(of: e) } catch { return nil }
+                    do throws(StoreError) { try secureChunks(of: e) } catch {
+                        if error.message != lastSecureFailure {
+                            log("checking the chunks of a change made while the store was out of reach failed: \(error.message)")
+                        }
+                        lastSecureFailure = error.message
+                        return nil
+                    }
                     return QueuedBatch(id: e.id, batch: Batch(e.mutations, expecting: translated(e.expectations), writer: e.writer,
                                                               token: e.token))
                 }

@@ -30,7 +30,9 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     /// The writers this table has taken locks for, whose leases it renews.
     private var writers: Set<String> = []
     /// Owners that asked for a lock on a node (each may hold one): a release by any other owner
-    /// (every close of a file) has nothing to give back, and costs no round trip.
+    /// (every close of a file) has nothing to give back, and costs no round trip nor waits for
+    /// `mutex`. Guarded by `askersMutex`.
+    private let askersMutex = StoreMutex()
     private var askers: Set<String> = []
     private var renewing = false
     /// This process's own locks by node and owner, as the servers have them or as taken while
@@ -40,8 +42,10 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     private var unsynced = false
     private let reachability: Reachability?
     private let log: @Sendable (String) -> Void
-    /// When the leases were last renewed (monotonic nanoseconds; 0: not yet).
+    /// When the leases were last renewed (monotonic nanoseconds; 0: not yet), and whether their
+    /// lapse since was logged.
     private var renewed: UInt64 = 0
+    private var lapseLogged = false
 
     public convenience init(url: String, timeout: Double = 10, leaseSeconds: Int = 15) throws(StoreError) {
         try self.init(url: url, timeout: timeout, leaseSeconds: leaseSeconds, reachability: nil)
@@ -168,21 +172,17 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     }
 
     public func set(_ node: InodeNumber, owner: LockOwner, mode: LockMode?, range: LockRange, pid: Int32) throws(StoreError) -> Bool {
+        askersMutex.withLock { _ = askers.insert(Self.key(node, owner)) }
         let granted = try mutex.withLock { () throws(StoreError) -> Bool in
-            askers.insert(Self.key(node, owner))
             let first = writers.insert(owner.writer).inserted
             if outOfReach { return setLocally(node, owner: owner, mode: mode, range: range, pid: pid) }
             do throws(StoreError) {
                 if unsynced { try syncLocked() }
+                var clashes: [InodeNumber] = []
                 let (granted, after) = try connection.transaction { () throws(StoreError) -> (Bool, LockSegments?) in
                     let n = Int64(bitPattern: node)
-                    try renew(owner.writer)
-                    // One statement makes the node's row and locks it (a separate SELECT … FOR UPDATE
-                    // could find it deleted by `forget` in between, and lock nothing).
-                    try connection.query("""
-                        INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1)
-                        ON CONFLICT (node) DO UPDATE SET node = EXCLUDED.node RETURNING node
-                        """, [.int(n)])
+                    clashes = try renew(owner.writer)
+                    try lockNode(node)
                     let live = try rows(node)
                     let current = live.first { $0.key == owner }?.segments ?? LockSegments()
                     let (granted, after) = Self.decide(others: live.filter { $0.key != owner }, current: current,
@@ -197,6 +197,7 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
                     return (granted, after)
                 }
                 if let after { record(node, owner, after, pid: pid) }
+                renewedNow(clashes)
                 return granted
             } catch {
                 // Cut off now: decided here, and put on the servers once they answer.
@@ -213,7 +214,7 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     /// transaction that locked the node's row.
     private func put(_ node: InodeNumber, _ owner: LockOwner, _ segments: LockSegments, pid: Int32) throws(StoreError) {
         let n = Int64(bitPattern: node)
-        let style = Int64(owner.style == .flock ? 1 : 0)
+        let style = Self.styleCode(owner)
         if segments.isEmpty {
             try connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
                                  [.int(n), .text(owner.writer), .int(Int64(bitPattern: owner.id)), .int(style)])
@@ -226,56 +227,81 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
         }
     }
 
+    private static func styleCode(_ owner: LockOwner) -> Int64 { owner.style == .flock ? 1 : 0 }
+
+    /// Takes `node`'s row of `lock_nodes` (made if missing) in the caller's transaction: the lock
+    /// rows of a node change one transaction at a time. One statement makes and locks it (a
+    /// separate SELECT … FOR UPDATE could find it deleted by `forget` in between).
+    private func lockNode(_ node: InodeNumber) throws(StoreError) {
+        try connection.query("""
+            INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1)
+            ON CONFLICT (node) DO UPDATE SET node = EXCLUDED.node RETURNING node
+            """, [.int(Int64(bitPattern: node))])
+    }
+
     /// The servers answer again after locks changed here alone: this process's rows there become
-    /// what it holds now (its lease may have run out meanwhile, and others taken locks: a lock
-    /// both hold is logged, and each keeps it until it lets go). Caller holds mutex.
+    /// what it holds now. Caller holds mutex.
     private func syncLocked() throws(StoreError) {
         let clashes = try connection.transaction { () throws(StoreError) -> [InodeNumber] in
-            for w in writers {
-                try renew(w)
-                try connection.query("DELETE FROM ubiquityfs.locks WHERE writer = $1", [.text(w)])
-            }
             var clashes: [InodeNumber] = []
-            for (node, owners) in mine.sorted(by: { $0.key < $1.key }) {
-                try connection.query("""
-                    INSERT INTO ubiquityfs.lock_nodes(node) VALUES($1)
-                    ON CONFLICT (node) DO UPDATE SET node = EXCLUDED.node RETURNING node
-                    """, [.int(Int64(bitPattern: node))])
-                let others = try rows(node).filter { !writers.contains($0.writer) }
-                for (owner, segments) in owners {
-                    try put(node, owner, segments, pid: segments.pid)
-                    let mode: LockMode = segments.segments.contains { $0.mode == .write } ? .write : .read
-                    if Self.decide(others: others, current: LockSegments(), owner: owner, mode: mode,
-                                   range: LockRange(start: 0, length: 0)).granted == false {
-                        clashes.append(node)
-                    }
-                }
-            }
+            for w in writers.sorted() { clashes += try replaceRows(of: w) }
             return clashes
         }
         unsynced = false
-        renewed = monotonicNanoseconds()
         log("the store's servers answer: this machine's locks are held there again")
-        for node in Set(clashes).sorted() {
-            log("inode \(node): a lock taken here while cut off is also held by another machine (each took it while "
-                + "they could not see each other); what both write is kept as versions and conflict copies")
-        }
+        renewedNow(clashes)
     }
 
-    /// Extends `writer`'s lease. A lease that already ran out is not revived: others may have
-    /// taken its locks meanwhile, so its rows go (and `syncLocked` puts back those this process
-    /// still holds).
-    private func renew(_ writer: String) throws(StoreError) {
-        let extended = try connection.query("""
-            UPDATE ubiquityfs.writers SET lease_until = \(Self.serverMillis) + $2
-            WHERE writer = $1 AND lease_until > \(Self.serverMillis)
-            """, [.text(writer), .int(Int64(leaseSeconds) * 1000)])
-        if extended.affected > 0 { return }
+    /// `writer`'s rows on the servers become what this process holds now, with a fresh lease
+    /// (its lease may have run out, and others taken locks meanwhile: a lock both hold is
+    /// returned for the log, and each keeps it until it lets go). Every node's row is taken
+    /// first, in node order, as a change takes it before the rows. Caller holds mutex, in a
+    /// transaction.
+    private func replaceRows(of writer: String) throws(StoreError) -> [InodeNumber] {
+        let held = try connection.query("SELECT DISTINCT node FROM ubiquityfs.locks WHERE writer = $1", [.text(writer)])
+        var nodes = Set((0..<held.count).map { InodeNumber(bitPattern: held.int($0, 0)) })
+        for (node, owners) in mine where owners.keys.contains(where: { $0.writer == writer }) { nodes.insert(node) }
+        for node in nodes.sorted() { try lockNode(node) }
         try connection.query("DELETE FROM ubiquityfs.locks WHERE writer = $1", [.text(writer)])
         try connection.query("""
             INSERT INTO ubiquityfs.writers(writer, lease_until) VALUES($1, \(Self.serverMillis) + $2)
             ON CONFLICT (writer) DO UPDATE SET lease_until = EXCLUDED.lease_until
             """, [.text(writer), .int(Int64(leaseSeconds) * 1000)])
+        var clashes: [InodeNumber] = []
+        for (node, owners) in mine.sorted(by: { $0.key < $1.key }) {
+            let others = try rows(node).filter { $0.writer != writer }
+            for (owner, segments) in owners where owner.writer == writer {
+                try put(node, owner, segments, pid: segments.pid)
+                let clash = segments.segments.contains { seg in
+                    !Self.decide(others: others, current: LockSegments(), owner: owner, mode: seg.mode,
+                                 range: LockRange(start: seg.start, end: seg.end)).granted
+                }
+                if clash { clashes.append(node) }
+            }
+        }
+        return clashes
+    }
+
+    /// Extends `writer`'s lease. One that ran out is not merely extended: others may have taken
+    /// its locks meanwhile, so its rows are replaced by what this process holds now (returns the
+    /// nodes where both hold one). Caller holds mutex, in a transaction.
+    private func renew(_ writer: String) throws(StoreError) -> [InodeNumber] {
+        let extended = try connection.query("""
+            UPDATE ubiquityfs.writers SET lease_until = \(Self.serverMillis) + $2
+            WHERE writer = $1 AND lease_until > \(Self.serverMillis)
+            """, [.text(writer), .int(Int64(leaseSeconds) * 1000)])
+        if extended.affected > 0 { return [] }
+        return try replaceRows(of: writer)
+    }
+
+    /// The leases were just renewed. Caller holds mutex.
+    private func renewedNow(_ clashes: [InodeNumber]) {
+        renewed = monotonicNanoseconds()
+        lapseLogged = false
+        for node in Set(clashes).sorted() {
+            log("inode \(node): a lock this machine holds is also held by another machine (each took it while they "
+                + "could not see each other); what both write is kept as versions and conflict copies")
+        }
     }
 
     public func test(_ node: InodeNumber, owner: LockOwner, mode: LockMode, range: LockRange) throws(StoreError) -> HeldLock? {
@@ -304,19 +330,15 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
     }
 
     public func release(_ node: InodeNumber, owner: LockOwner) {
+        guard askersMutex.withLock({ askers.remove(Self.key(node, owner)) != nil }) else { return }
         mutex.withLock {
-            guard askers.remove(Self.key(node, owner)) != nil else { return }
             mine[node]?[owner] = nil
             if mine[node]?.isEmpty == true { mine[node] = nil }
             if outOfReach || unsynced {
                 unsynced = true
                 return
             }
-            do throws(StoreError) {
-                try connection.query("DELETE FROM ubiquityfs.locks WHERE node = $1 AND writer = $2 AND owner = $3 AND style = $4",
-                                     [.int(Int64(bitPattern: node)), .text(owner.writer), .int(Int64(bitPattern: owner.id)),
-                                      .int(Int64(owner.style == .flock ? 1 : 0))])
-            } catch {
+            do throws(StoreError) { try put(node, owner, LockSegments(), pid: 0) } catch {
                 // Given back when the servers answer (or by the lease's end).
                 unsynced = true
             }
@@ -325,10 +347,39 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
 
     public func forget(_ node: InodeNumber) {
         mutex.withLock {
+            if outOfReach { return }   // its row stays, harmless, until a later forget
             _ = try? connection.query("""
                 DELETE FROM ubiquityfs.lock_nodes WHERE node = $1
                     AND NOT EXISTS (SELECT 1 FROM ubiquityfs.locks WHERE node = $1)
                 """, [.int(Int64(bitPattern: node))])
+        }
+    }
+
+    /// One round of the lease thread. Caller holds mutex.
+    private func renewAllLocked() {
+        // Out of reach, a try would hold the mutex for the timeout, for nothing.
+        if !outOfReach {
+            do throws(StoreError) {
+                if unsynced {
+                    try syncLocked()
+                } else {
+                    let clashes = try connection.transaction { () throws(StoreError) -> [InodeNumber] in
+                        var clashes: [InodeNumber] = []
+                        for w in writers.sorted() { clashes += try renew(w) }
+                        return clashes
+                    }
+                    renewedNow(clashes)
+                }
+                return
+            } catch {}
+        }
+        // No renewal for a lease's length: the servers count this machine's locks for nothing
+        // now, and another machine may take them. They are put back as they are once the
+        // servers answer (`renew` finds the lease ran out).
+        if renewed > 0, !lapseLogged, monotonicNanoseconds() &- renewed > UInt64(leaseSeconds) * 1_000_000_000 {
+            lapseLogged = true
+            log("the lease of this machine's locks ran out without a renewal (the servers did not answer for "
+                + "\(leaseSeconds) s): other machines may take them until they answer")
         }
     }
 
@@ -346,26 +397,7 @@ public final class PostgresLockTable: LockTable, @unchecked Sendable {
             while true {
                 Thread.sleep(forTimeInterval: interval)
                 guard let self else { return }
-                self.mutex.withLock {
-                    if self.unsynced {
-                        if !self.outOfReach { try? self.syncLocked() }
-                    } else {
-                        var failed = false
-                        for w in self.writers {
-                            do throws(StoreError) { try self.renew(w) } catch { failed = true }
-                        }
-                        let now = monotonicNanoseconds()
-                        if !failed { self.renewed = now }
-                        // No renewal for a lease's length: the servers count this machine's locks
-                        // for nothing now, and another machine may take them. They are put back
-                        // as they are once the servers answer.
-                        if failed, self.renewed > 0, now &- self.renewed > UInt64(self.leaseSeconds) * 1_000_000_000 {
-                            self.log("the lease of this machine's locks ran out without a renewal (the servers did not answer "
-                                     + "for \(self.leaseSeconds) s): other machines may take them until they answer")
-                            self.unsynced = true
-                        }
-                    }
-                }
+                self.mutex.withLock { self.renewAllLocked() }
             }
         }
         t.name = "lock-leases"

@@ -261,8 +261,11 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                 usleep(20_000)
             }
         }
-        let found = try connection.query("SELECT seq FROM ubiquityfs.changes WHERE token = $1", [.text(token)])
-        return found.count > 0 ? found.int(0, 0) : nil
+        for table in ["changes", "tokens"] {
+            let found = try connection.query("SELECT seq FROM ubiquityfs.\(table) WHERE token = $1", [.text(token)])
+            if found.count > 0 { return found.int(0, 0) }
+        }
+        return nil
     }
 
     private func commitOnce(_ batch: Batch, token: String, committing: inout Bool, backend: inout Int32) throws -> ChangeSeq {
@@ -415,6 +418,9 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    /// How long the tokens of trimmed change-log rows are kept.
+    static let tokenDays: Int64 = 90
+
     public func trimChanges(keepingLast count: Int) throws(StoreError) {
         try mutex.withLock { () throws(StoreError) in
             try connection.transaction { () throws(StoreError) in
@@ -424,8 +430,17 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                 let moved = try connection.query("UPDATE ubiquityfs.store SET value = $1 WHERE key = 'trimmed_through' AND value < $1",
                                                  [.int(cut)])
                 if moved.affected > 0 {
+                    // Their tokens stay a while: a machine cut off with a COMMIT whose answer was
+                    // lost asks by its token when it is back.
+                    try connection.query("""
+                        INSERT INTO ubiquityfs.tokens(token, seq, trimmed)
+                        SELECT token, seq, \(Self.serverMillis) FROM ubiquityfs.changes WHERE seq <= $1
+                        ON CONFLICT (token) DO NOTHING
+                        """, [.int(cut)])
                     try connection.query("DELETE FROM ubiquityfs.changes WHERE seq <= $1", [.int(cut)])
                 }
+                try connection.query("DELETE FROM ubiquityfs.tokens WHERE trimmed < \(Self.serverMillis) - $1",
+                                     [.int(Self.tokenDays * 86_400_000)])
             }
         }
     }

@@ -15,8 +15,8 @@
 import Foundation
 import UbiquityStore
 
-/// 1: the first shared schema.
-let postgresSchemaVersion: Int64 = 1
+/// 1: the first shared schema. 2: `tokens`, the tokens of trimmed change-log rows.
+let postgresSchemaVersion: Int64 = 2
 
 /// The channel other machines LISTEN on; a commit NOTIFYs it.
 let changeChannel = "ubiquityfs_changes"
@@ -58,6 +58,11 @@ let postgresSchemaSQL = """
         writer text NOT NULL,
         token text NOT NULL UNIQUE,
         batch bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS ubiquityfs.tokens(
+        token text PRIMARY KEY,
+        seq bigint NOT NULL,
+        trimmed bigint NOT NULL
     );
     CREATE TABLE IF NOT EXISTS ubiquityfs.dirents(
         parent bigint NOT NULL,
@@ -159,7 +164,30 @@ func checkSchema(_ c: PGConnection, url: String, create: Bool) throws(StoreError
                          + "versions 1 to \(postgresSchemaVersion): use a newer ubiquityfs")
     case .version(let v) where v < 1:
         throw StoreError(.corrupt, "\(redacted(url)): the store's schema version \(v) is not one ubiquityfs ever wrote")
+    case .version(let v) where v < postgresSchemaVersion:
+        try migrate(c, from: v)
     case .version:
-        break   // current; migrations from older versions go here
+        break
+    }
+}
+
+/// Brings a schema of version `from` forward, one step at a time, each in a transaction that
+/// moves the version only from the one it found (another machine migrating at the same time
+/// finds the work done).
+private func migrate(_ c: PGConnection, from: Int64) throws(StoreError) {
+    let steps: [Int64: String] = [
+        // A COMMIT whose answer was lost is looked up by its token even after the change log
+        // dropped its row.
+        1: "CREATE TABLE IF NOT EXISTS ubiquityfs.tokens(token text PRIMARY KEY, seq bigint NOT NULL, trimmed bigint NOT NULL)",
+    ]
+    for version in from..<postgresSchemaVersion {
+        guard let sql = steps[version] else {
+            throw StoreError(.corrupt, "no way from schema version \(version) to \(version + 1)")
+        }
+        try c.transaction { () throws(StoreError) in
+            try c.run(sql, [])
+            try c.query("UPDATE ubiquityfs.store SET value = $1 WHERE key = 'schema_version' AND value = $2",
+                        [.int(version + 1), .int(version)])
+        }
     }
 }

@@ -455,7 +455,7 @@ public protocol LocalChunks: AnyObject, Sendable {
     /// Files and folders pinned (`ubiquityfs pin`): their content is kept as it changes. Kept on
     /// this machine's disk beside the chunks.
     var pinnedFiles: Set<InodeNumber> { get }
-    func setPinnedFiles(_ files: Set<InodeNumber>) throws(StoreError)
+    func updatePinnedFiles(_ change: (inout Set<InodeNumber>) -> Void) throws(StoreError)
 }
 
 /// A mutable working copy. Byte offsets are file offsets; chunk `i` of the document is at

@@ -503,8 +503,8 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
         // Locks taken in reach, then a cut longer than the lease (3 s): A says the lease ran out,
         // and puts them back once the servers answer.
         try? FileManager.default.removeItem(atPath: ready)
-        let second = try BackgroundProcess(holder.argv, environment: environment, log: holderLog)
-        defer { second.stop() }
+        let holder2 = try BackgroundProcess(holder.argv, environment: environment, log: holderLog)
+        defer { holder2.stop() }
         eventually("the second holder's locks", seconds: 20) { Posix.readText(ready) == "held" }
         eventually("B sees them", seconds: 20) {
             Command.run(["python3", "-c", probe, b], timeout: 10).stdout.hasPrefix("EAGAIN\nEAGAIN")
@@ -517,8 +517,8 @@ class SharedStoreOfflineTests: SharedStoreTestCase {
         eventually("A's locks held on the servers again after the lapse", seconds: 30) {
             Command.run(["python3", "-c", probe, b], timeout: 10).stdout.hasPrefix("EAGAIN\nEAGAIN\ngot\ngetlk locked")
         }
-        second.stop()
-        try unmount(at: self.second)
+        holder2.stop()
+        try unmount(at: second)
         try unmount()
     }
 

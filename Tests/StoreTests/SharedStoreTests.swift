@@ -194,6 +194,25 @@ final class PostgresStoreTests: XCTestCase {
 
     /// A missing schema is a clear error pointing at init-store; a newer one is refused; a
     /// second init-store changes nothing.
+    /// A store of schema version 1 is brought forward when opened; the tokens of trimmed change
+    /// log rows still say where a COMMIT whose answer was lost landed.
+    func testAnOlderSchemaIsBroughtForwardAndTokensOutliveTheLog() throws {
+        let c = fixture.connection()
+        try c.query("DROP TABLE ubiquityfs.tokens")
+        try c.query("UPDATE ubiquityfs.store SET value = 1 WHERE key = 'schema_version'")
+        let store = try PostgresMetadataStore(url: fixture.url)
+        XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 2)
+        var unknown: Int32?
+        let seq = try store.commit(Batch([.setMeta(key: "k", value: "v")], writer: "w"), token: "token-1", unknownOutcome: &unknown)
+        try store.trimChanges(keepingLast: 0)
+        XCTAssertEqual(try c.query("SELECT count(*) FROM ubiquityfs.changes").int(0, 0), 0, "the log row went")
+        XCTAssertEqual(try store.landed(token: "token-1", backend: 0), seq)
+        XCTAssertNil(try store.landed(token: "token-2", backend: 0))
+        // Opening again finds nothing to do.
+        _ = try PostgresMetadataStore(url: fixture.url)
+        XCTAssertEqual(try store.landed(token: "token-1", backend: 0), seq)
+    }
+
     func testSchemaMissingNewerAndInitAgain() throws {
         let base = try testPostgresURL()
         let name = "ubqt_empty_" + String(UInt32.random(in: 0...UInt32.max))
@@ -270,10 +289,10 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertLessThan(woke.value, 10, "woken by the commit, long before the 20 s wait ran out")
     }
 
-    /// A chunk connection the server ended while it sat idle (a server restart) costs nothing:
-    /// the next read is tried again on a new connection.
     func testTheRemoteSaysWhatItHas() throws { try remoteSaysWhatItHas(fixture) }
 
+    /// A chunk connection the server ended while it sat idle (a server restart) costs nothing:
+    /// the next read is tried again on a new connection.
     func testChunkReadsOutliveConnectionsTheServerEnded() throws {
         let store = try fixture.open()
         let ref = try writeBlob(store.blobs, Sample.bytes(5000, seed: 31))
@@ -286,9 +305,9 @@ final class PostgresStoreTests: XCTestCase {
         XCTAssertEqual(try readBlob(store.blobs, ref.blob, count: 5000), Sample.bytes(5000, seed: 31))
     }
 
-    /// A writer whose lease ran out (a machine that died or lost its link) holds nothing; when it
-    /// comes back it does not get its old locks back.
-    func testLocksOfAWriterWhoseLeaseRanOutCountForNothing() throws {
+    /// A writer whose lease ran out (a machine that died or lost its link) holds nothing while it
+    /// is away; when it comes back, the locks its programs still hold are held again.
+    func testLocksOfAWriterWhoseLeaseRanOutCountForNothingUntilItIsBack() throws {
         let one = try PostgresLockTable(url: fixture.url)
         let two = try PostgresLockTable(url: fixture.url)
         let a = LockOwner(writer: "machine-a", id: 1, style: .posix)
@@ -299,12 +318,22 @@ final class PostgresStoreTests: XCTestCase {
         try fixture.connection().query("UPDATE ubiquityfs.writers SET lease_until = 0 WHERE writer = 'machine-a'")
         XCTAssertNil(try two.test(5, owner: b, mode: .write, range: .wholeFile))
         XCTAssertTrue(try two.set(5, owner: b, mode: .write, range: .wholeFile, pid: 20))
-        // Machine A renews: its old lock is gone, not revived over B's.
+        // Machine A is back: its program still holds its lock, which goes back on the servers
+        // beside B's (each took it while they could not see each other), so a third program
+        // on either machine waits for both.
         let c = LockOwner(writer: "machine-a", id: 2, style: .posix)
         XCTAssertTrue(try one.set(6, owner: c, mode: .read, range: .wholeFile, pid: 10))
         XCTAssertNotNil(try one.test(5, owner: a, mode: .read, range: .wholeFile), "B holds node 5")
         let rows = try fixture.connection().query("SELECT count(*) FROM ubiquityfs.locks WHERE node = 5 AND writer = 'machine-a'")
-        XCTAssertEqual(rows.int(0, 0), 0)
+        XCTAssertEqual(rows.int(0, 0), 1)
+        XCTAssertFalse(try one.set(5, owner: c, mode: .read, range: .wholeFile, pid: 11))
+        XCTAssertFalse(try two.set(5, owner: LockOwner(writer: "machine-b", id: 2, style: .posix), mode: .read,
+                                   range: .wholeFile, pid: 21))
+        // Once A's program lets go, only B's holds.
+        one.release(5, owner: a)
+        XCTAssertFalse(try one.set(5, owner: c, mode: .read, range: .wholeFile, pid: 11))
+        two.release(5, owner: b)
+        XCTAssertTrue(try one.set(5, owner: c, mode: .read, range: .wholeFile, pid: 11))
     }
 }
 
