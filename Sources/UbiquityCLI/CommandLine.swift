@@ -119,7 +119,7 @@ func writeOut(_ text: String) {
     _ = line.withCString { write(1, $0, strlen($0)) }
 }
 
-let subcommands: [Subcommand] = [mountCommand, unmountCommand, initStoreCommand, containersCommand, checkCommand, versionsCommand,
+let subcommands: [Subcommand] = [mountCommand, unmountCommand, initStoreCommand, containersCommand, checkCommand, fsckCommand, versionsCommand,
                                  restoreCommand, resolveCommand, trashCommand, statusCommand, evictCommand, pinCommand,
                                  installCommand, uninstallCommand, installServiceCommand, uninstallServiceCommand,
                                  importCommand, exportCommand, completionCommand, manpageCommand]

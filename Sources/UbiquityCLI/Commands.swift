@@ -551,6 +551,27 @@ let checkCommand = Subcommand(
         return ExitCode.success
     })
 
+// MARK: - fsck
+
+let fsckCommand = Subcommand(
+    name: "fsck",
+    summary: "check that a store's names, files, versions and chunks agree: one line per problem, exit 1 if any",
+    usage: "fsck [--store DIR|URL [--local DIR]] [--full]",
+    options: [("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs), or a shared store's postgres:// URL"),
+              ("--local=", "shared store: this machine's folder for it"),
+              ("--full", "also read every chunk and compare it with its checksum")],
+    positionals: 0...0,
+    run: { p in
+        let folder = try storeFolder(p)
+        guard hasStore(folder) else { throw UsageError(message: "no store in \(folder)") }
+        let store = try openStore(folder)
+        let report = try checkStore(store, full: p.flags.contains("--full"))
+        for line in report.problems { writeOut("problem: " + line) }
+        for line in report.notes { writeOut("note: " + line) }
+        writeOut("\(storeLabel(folder)): " + report.summary)
+        return report.problems.isEmpty ? ExitCode.success : ExitCode.failure
+    })
+
 /// getxattr(2): <sys/xattr.h> is not part of Glibc's Swift module.
 @_silgen_name("getxattr")
 func c_getxattr(_ path: UnsafePointer<CChar>, _ name: UnsafePointer<CChar>, _ value: UnsafeMutableRawPointer?, _ size: Int) -> Int

@@ -61,6 +61,40 @@ final class CLITests: MountTestCase {
 
     /// `versions` lists a file's published versions, oldest first, by its path in the mount (while
     /// the daemon serves it) and by CONTAINER/PATH in the store (with nothing mounted).
+    /// `fsck` finds a store made through the mount whole, and says what a damaged copy of it
+    /// lacks: a wrong link count, a chunk gone, a chunk whose bytes changed (with --full).
+    func testFsckFindsAStoreWholeAndSaysWhatIsDamaged() throws {
+        try mount()
+        let d = docs("SugoiApp")
+        assertShell("""
+            cd \(shellQuote(d)) && echo a > a.txt && ln a.txt a-link.txt && ln -s a.txt sym && mkdir -p x/y && echo z > x/y/z.txt \
+              && head -c 3000000 /dev/urandom > big.bin && truncate -s 100 big.bin && truncate -s 5000000 big.bin \
+              && rm a-link.txt && rm -rf x/y && mkfifo fifo && echo e > e.txt && rm e.txt
+            """)
+        try unmount()
+        let clean = ubiquityfs(["fsck", "--store", storeDir, "--full"])
+        XCTAssertEqual(clean.status, 0, "\(clean)")
+        XCTAssertTrue(clean.stdout.contains(": checked ") && clean.stdout.contains("no problems"), clean.stdout)
+        XCTAssertFalse(clean.stdout.contains("problem:"), clean.stdout)
+        XCTAssertFalse(clean.stdout.contains("no version names"), "every chunk is some version's: \(clean.stdout)")
+
+        assertShell("sqlite3 \(shellQuote(storeDir + "/metadata.sqlite3")) "
+                    + "\"UPDATE nodes SET nlink = 5 WHERE ino = (SELECT child FROM dirents WHERE name = CAST('a.txt' AS BLOB))\"")
+        let blobs = sh("find \(shellQuote(storeDir + "/blobs")) -type f | sort").stdout.split(separator: "\n").map(String.init)
+        XCTAssertGreaterThanOrEqual(blobs.count, 2)
+        XCTAssertEqual(unlink(blobs[0]), 0)
+        assertShell("python3 -c 'import sys; b = bytearray(open(sys.argv[1], \"rb\").read()); b[0] ^= 0xff; "
+                    + "open(sys.argv[1], \"wb\").write(b)' \(shellQuote(blobs[1]))")
+        let damaged = ubiquityfs(["fsck", "--store", storeDir])
+        XCTAssertEqual(damaged.status, 1, "\(damaged)")
+        XCTAssertTrue(damaged.stdout.contains("has link count 5 and 1 name"), damaged.stdout)
+        XCTAssertTrue(damaged.stdout.contains("is missing"), damaged.stdout)
+        XCTAssertTrue(damaged.stdout.contains("2 problems"), damaged.stdout)
+        let full = ubiquityfs(["fsck", "--store", storeDir, "--full"])
+        XCTAssertTrue(full.stdout.contains("does not match its checksum"), full.stdout)
+        XCTAssertTrue(full.stdout.contains("3 problems"), full.stdout)
+    }
+
     func testVersionsOfAFileByMountPathAndByStorePath() throws {
         try mount()
         let path = docs("SugoiApp") + "/Report.txt"
