@@ -146,6 +146,9 @@ final class SharedStoreMountTests: SharedStoreTestCase {
         XCTAssertTrue(versions.succeeded && versions.stdout.contains("yes"), "\(versions)")
         let deleted = ubiquityfs(["trash", "list", "--store", storeURL])
         XCTAssertTrue(deleted.succeeded, "\(deleted)")
+        let checked = ubiquityfs(["fsck", "--store", storeURL, "--full"])
+        XCTAssertEqual(checked.status, 0, "\(checked)")
+        XCTAssertTrue(checked.stdout.contains("no problems"), checked.stdout)
     }
 }
 
