@@ -113,6 +113,7 @@ final class DurabilityTests: MountTestCase {
         XCTAssertTrue(ubiquityfs(["trash", "empty", "--store", storeDir], timeout: 120).succeeded)
         XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
         try unmount()
+        assertStoreWhole()
     }
 
     /// A `kill -9` of the daemon in its garbage collection (the one it runs at start-up, the
@@ -165,6 +166,7 @@ final class DurabilityTests: MountTestCase {
         XCTAssertEqual(ubiquityfs(["trash", "list", "--store", storeDir]).stdout, "Recently Deleted is empty\n")
         try unmount()
         XCTAssertEqual(blobFiles(), before, "exactly the content from before the deleted tree is left")
+        assertStoreWhole()
     }
 
     func testFusermountUnmountStopsTheDaemon() throws {
@@ -256,5 +258,14 @@ final class DurabilityTests: MountTestCase {
         try remount()
         XCTAssertEqual(Posix.readText(d + "/after.txt"), "after\n")
         XCTAssertEqual(Posix.readText(d + "/fsynced-existing.txt"), "replacement, fsync'ed\n")
+        try unmount()
+        assertStoreWhole()
+    }
+
+    /// `fsck --full` finds the (unmounted) store whole.
+    private func assertStoreWhole(file: StaticString = #filePath, line: UInt = #line) {
+        let r = ubiquityfs(["fsck", "--store", storeDir, "--full"])
+        XCTAssertEqual(r.status, 0, "\(r)", file: file, line: line)
+        XCTAssertTrue(r.stdout.contains("no problems"), r.stdout, file: file, line: line)
     }
 }
