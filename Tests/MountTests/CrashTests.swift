@@ -1,0 +1,58 @@
+import Foundation
+import Glibc
+import XCTest
+
+/// `kill -9` of the daemon at random moments of a parallel workload (`scripts/crashload.py`:
+/// writes ending in fsync or close, appends, truncates, atomic saves, renames, deletes,
+/// extended attributes, four workers). After each remount every file holds what the workload's
+/// log says it must: what its last finished operation left, whole, or for the files of an
+/// operation under way, what was there before it or after it. At the end every round's files
+/// are checked again and `fsck --full` finds the unmounted store whole.
+///
+/// `UBIQUITYFS_CRASH_ROUNDS` sets the number of rounds (20 by default; `scripts/test --long`
+/// runs more).
+final class CrashTests: MountTestCase {
+    static var rounds: Int {
+        max(1, Int(ProcessInfo.processInfo.environment["UBIQUITYFS_CRASH_ROUNDS"] ?? "") ?? 20)
+    }
+
+    func testKillMinus9AtRandomMomentsOfAParallelWorkload() throws {
+        let script = Self.packageRoot + "/scripts/crashload.py"
+        var seed: UInt64 = 2026   // a fixed sequence of kill moments, so a failure repeats
+        func next(_ range: ClosedRange<UInt32>) -> UInt32 {
+            seed = seed &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return range.lowerBound + UInt32(seed >> 33) % (range.upperBound - range.lowerBound + 1)
+        }
+        try mount()
+        var checked: [(dir: String, log: String)] = []
+        for round in 1...Self.rounds {
+            let dir = docs("SugoiApp") + "/round-\(round)"
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: false)
+            let log = workDir + "/crash-\(round).log"
+            let load = try BackgroundProcess(["python3", script, "run", dir, log, String(round)],
+                                             environment: environment, log: workDir + "/crash-\(round).out")
+            usleep(next(300_000...1_500_000))
+            guard let pid = readDaemonPID() else { throw FixtureError("round \(round): no daemon pid") }
+            kill(pid, SIGKILL)
+            XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): the daemon survived SIGKILL")
+            kill(load.pid, SIGKILL)
+            load.stop()
+            clearDeadMount(mountPoint)
+            try mount()
+            let r = Command.run(["python3", script, "check", dir, log], timeout: 120)
+            XCTAssertEqual(r.status, 0, "round \(round): \(r.stdout)\(r.stderr)\n--- workload:\n"
+                           + ((try? String(contentsOfFile: workDir + "/crash-\(round).out", encoding: .utf8)) ?? ""))
+            XCTAssertTrue(r.stdout.contains("as logged"), "round \(round): \(r.stdout)")
+            checked.append((dir, log))
+        }
+        // Later kills and recoveries changed nothing of what earlier rounds left.
+        for (round, c) in checked.enumerated() {
+            let r = Command.run(["python3", script, "check", c.dir, c.log], timeout: 120)
+            XCTAssertEqual(r.status, 0, "round \(round + 1), checked again at the end: \(r.stdout)")
+        }
+        try unmount()
+        let fsck = ubiquityfs(["fsck", "--store", storeDir, "--full"], timeout: 300)
+        XCTAssertEqual(fsck.status, 0, "\(fsck)")
+        XCTAssertTrue(fsck.stdout.contains("no problems"), fsck.stdout)
+    }
+}
