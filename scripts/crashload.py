@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A workload to kill a filesystem under, and the check of what it left.
 
-  crashload.py run DIR LOG SEED [WORKERS]   work in DIR until killed, logging to LOG
+  crashload.py run DIR LOG SEED [WORKERS]   work in DIR until killed (or until LOG.stop
+                                            exists), logging to LOG
   crashload.py check DIR LOG                exit 1 (one line per problem) unless DIR holds
                                             what the log says it must
 
@@ -40,7 +41,7 @@ class Log:
             os.fsync(self.fd)
 
 
-def worker(root, log, seed, w):
+def worker(root, log, seed, w, stop):
     rng = random.Random(seed * 1000 + w)
     names = ["w%d-f%d" % (w, i) for i in range(4)]
     # What each name holds: None (absent) or [content digest, attribute value or None].
@@ -60,7 +61,7 @@ def worker(root, log, seed, w):
         finally:
             os.close(fd)
 
-    while True:
+    while not os.path.exists(stop):
         op += 1
         n = rng.choice(names)
         present = state[n] is not None
@@ -127,7 +128,8 @@ def worker(root, log, seed, w):
 
 def run(root, log_path, seed, workers):
     log = Log(log_path)
-    threads = [threading.Thread(target=worker, args=(root, log, seed, w), daemon=True) for w in range(workers)]
+    stop = log_path + ".stop"
+    threads = [threading.Thread(target=worker, args=(root, log, seed, w, stop), daemon=True) for w in range(workers)]
     for t in threads:
         t.start()
     for t in threads:

@@ -51,8 +51,73 @@ final class CrashTests: MountTestCase {
             XCTAssertEqual(r.status, 0, "round \(round + 1), checked again at the end: \(r.stdout)")
         }
         try unmount()
+        assertStoreWhole()
+    }
+
+    /// Two mounts of one store, each with a workload; one is killed at random moments and
+    /// mounted again while the other goes on. What the killed one's workload finished is there,
+    /// seen through either mount, and the other's workload is untouched.
+    func testKillOneOfTwoMountsOfOneStore() throws {
+        let script = Self.packageRoot + "/scripts/crashload.py"
+        var seed: UInt64 = 4711
+        func next(_ range: ClosedRange<UInt32>) -> UInt32 {
+            seed = seed &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+            return range.lowerBound + UInt32(seed >> 33) % (range.upperBound - range.lowerBound + 1)
+        }
+        let second = workDir + "/mnt2"
+        try mount()
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(at: second)
+        let steady = second + "/SugoiApp/steady"
+        try FileManager.default.createDirectory(atPath: steady, withIntermediateDirectories: false)
+        let steadyLog = workDir + "/steady.log"
+        let other = try BackgroundProcess(["python3", script, "run", steady, steadyLog, "99", "2"],
+                                          environment: environment, log: workDir + "/steady.out")
+        defer { other.stop() }
+        for round in 1...max(1, Self.rounds / 2) {
+            let name = "killed-\(round)"
+            try FileManager.default.createDirectory(atPath: docs("SugoiApp") + "/" + name, withIntermediateDirectories: false)
+            let log = workDir + "/\(name).log"
+            let load = try BackgroundProcess(["python3", script, "run", docs("SugoiApp") + "/" + name, log, String(100 + round), "2"],
+                                             environment: environment, log: workDir + "/\(name).out")
+            usleep(next(300_000...1_500_000))
+            let pid = try daemonPID(of: mountPoint)
+            kill(pid, SIGKILL)
+            XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): the daemon survived SIGKILL")
+            kill(load.pid, SIGKILL)
+            load.stop()
+            clearDeadMount(mountPoint)
+            try mount()
+            let mine = Command.run(["python3", script, "check", docs("SugoiApp") + "/" + name, log], timeout: 120)
+            XCTAssertEqual(mine.status, 0, "round \(round), through the mount killed: \(mine.stdout)")
+            // The other mount learns of the recovered files from the change log.
+            var seen = CommandResult(argv: [], status: -1, stdout: "", stderr: "", timedOut: false)
+            eventually("round \(round) through the other mount") {
+                seen = Command.run(["python3", script, "check", second + "/SugoiApp/" + name, log], timeout: 120)
+                return seen.status == 0
+            }
+            XCTAssertEqual(seen.status, 0, "round \(round), through the other mount: \(seen.stdout)")
+        }
+        // Stopped between two operations: a process killed in a write leaves what it wrote.
+        FileManager.default.createFile(atPath: steadyLog + ".stop", contents: Data())
+        eventually("the other mount's workload stops", seconds: 30) { !other.isRunning }
+        for through in [second + "/SugoiApp/steady", docs("SugoiApp") + "/steady"] {
+            var seen = CommandResult(argv: [], status: -1, stdout: "", stderr: "", timedOut: false)
+            eventually("the other mount's workload through \(through)") {
+                seen = Command.run(["python3", script, "check", through, steadyLog], timeout: 120)
+                return seen.status == 0
+            }
+            XCTAssertEqual(seen.status, 0, "\(through): \(seen.stdout)")
+        }
+        try unmount(at: second)
+        try unmount()
+        assertStoreWhole()
+    }
+
+    /// `fsck --full` finds the (unmounted) store whole.
+    private func assertStoreWhole(file: StaticString = #filePath, line: UInt = #line) {
         let fsck = ubiquityfs(["fsck", "--store", storeDir, "--full"], timeout: 300)
-        XCTAssertEqual(fsck.status, 0, "\(fsck)")
-        XCTAssertTrue(fsck.stdout.contains("no problems"), fsck.stdout)
+        XCTAssertEqual(fsck.status, 0, "\(fsck)", file: file, line: line)
+        XCTAssertTrue(fsck.stdout.contains("no problems"), fsck.stdout, file: file, line: line)
     }
 }
