@@ -9,20 +9,25 @@
 Each worker owns its own files in DIR and does, at random: writes that end with fsync, writes
 that end with close, appends, truncates, atomic saves (a temporary file renamed over the
 file), renames, deletes and extended attributes. Before each operation it logs what it is
-about to do and the state it leaves, and after it that it is done; the log (on another disk)
-is fsync'ed at each line. After a kill, every file must hold exactly what its last finished
+about to do and the state it leaves, and after it that it is done; the log (outside the
+filesystem under test) is fsync'ed at each line. An operation that fails for any reason but
+the filesystem going away is logged, and fails the check. After a kill, every file must hold exactly what its last finished
 operation left (a file closed or fsync'ed keeps its last content, whole), except the files of
 the operation each worker had begun: those hold what was there before it, or after it (or,
-for a write that opens with O_TRUNC, nothing yet).
+for a write that opens with O_TRUNC, nothing yet). A conflict copy that recovery made beside
+a file must hold content the workload once gave that file, whole.
 """
 import hashlib
 import json
 import os
 import random
 import sys
+import errno
 import threading
 
 ATTR = "user.crash"
+# What a call on a mount whose daemon was killed fails with.
+GONE = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
 def digest(data):
@@ -42,6 +47,16 @@ class Log:
 
 
 def worker(root, log, seed, w, stop):
+    try:
+        work(root, log, seed, w, stop)
+    except OSError as e:
+        if e.errno not in GONE:
+            log.write({"w": w, "error": "%s: %s" % (errno.errorcode.get(e.errno, e.errno), e)})
+    except Exception as e:   # a bug of this script: said, not swallowed
+        log.write({"w": w, "error": repr(e)})
+
+
+def work(root, log, seed, w, stop):
     rng = random.Random(seed * 1000 + w)
     names = ["w%d-f%d" % (w, i) for i in range(4)]
     # What each name holds: None (absent) or [content digest, attribute value or None].
@@ -153,18 +168,28 @@ def observed(root, name):
 def check(root, log_path):
     finished = {}   # name -> state its last finished operation left
     begun = {}      # worker -> its last begun record
+    errors = []
+    done = 0
+    ever = {}       # name -> every content digest an operation gave it
+
     with open(log_path, "rb") as f:
         for raw in f:
             if not raw.endswith(b"\n"):
                 break   # a line the kill cut short
             r = json.loads(raw)
-            if "begin" in r:
+            if "error" in r:
+                errors.append("worker %d stopped: %s" % (r["w"], r["error"]))
+            elif "begin" in r:
                 begun[r["w"]] = r
+                for name, state in r["after"].items():
+                    if state:
+                        ever.setdefault(name, set()).add(state[0])
             elif begun.get(r["w"], {}).get("op") == r["op"]:
                 finished.update(begun.pop(r["w"])["after"])
+                done += 1
     open_ops = list(begun.values())
     loose = {m for r in open_ops for m in r["after"]}
-    problems = []
+    problems = list(errors)
     for name, want in sorted(finished.items()):
         if name in loose:
             continue
@@ -173,26 +198,36 @@ def check(root, log_path):
             problems.append("%s: holds %s, its last finished operation left %s" % (name, got, want))
     empty = digest(b"")
     for r in open_ops:
-        for name in r["after"]:
-            got = observed(root, name)
-            before, after = r["before"][name], r["after"][name]
-            allowed = [before, after]
-            if r["begin"] in ("fsync", "close") and name == r["name"]:
-                # open(O_CREAT | O_TRUNC) empties (or makes) the file before the write comes.
-                allowed.append([empty, before[1] if before else None])
-            if got not in allowed:
-                problems.append("%s: holds %s while %s was under way; before it %s, after it %s"
-                                % (name, got, r["begin"], before, after))
+        # The names an operation touches are judged together: all as before it, or all as after.
+        got = {name: observed(root, name) for name in r["after"]}
+        allowed = [r["before"], r["after"]]
+        if r["begin"] in ("fsync", "close"):
+            # open(O_CREAT | O_TRUNC) empties (or makes) the file before the write comes.
+            before = r["before"][r["name"]]
+            allowed.append({r["name"]: [empty, before[1] if before else None]})
+        if got not in allowed:
+            problems.append("%s holds %s while %s was under way; before it %s, after it %s"
+                            % (", ".join(sorted(got)), got, r["begin"], r["before"], r["after"]))
     known = set(finished) | loose
+    copies = 0
     for entry in sorted(os.listdir(root)):
         if entry in known or ".tmp" in entry:
             continue
-        if entry.split("-")[0].startswith("w"):
+        base = entry.split(" (conflict from ")[0]
+        if base != entry:
+            # A conflict copy recovery made beside a file: it must hold, whole, content the
+            # workload once gave that file (never bytes it did not write).
+            got = observed(root, entry)
+            if got is None or got[0] not in ever.get(base, set()):
+                problems.append("%s: a conflict copy holding %s, never %s's content" % (entry, got, base))
+            copies += 1
+        elif entry.split("-")[0].startswith("w"):
             problems.append("%s: a file no operation left" % entry)
     for line in problems:
         print(line)
-    print("checked %d files after %d finished operations: %s"
-          % (len(known), sum(1 for _ in open(log_path, "rb")) // 2, "%d problems" % len(problems) if problems else "as logged"))
+    print("checked %d files after %d finished operations%s: %s"
+          % (len(known), done, ", and %d conflict copies" % copies if copies else "",
+             "%d problems" % len(problems) if problems else "as logged"))
     return 1 if problems else 0
 
 

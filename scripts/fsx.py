@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A random I/O checker in the manner of fsx: random operations on one file, each checked
-against an in-memory model of what the file must hold.
+"""A random I/O checker: random operations on one file, each checked against an in-memory
+model of what the file must hold.
 
   fsx.py FILE OPS SEED [--other FILE2] [--drop-every N]
 
@@ -18,6 +18,7 @@ import random
 import sys
 import time
 
+# Over three chunks of 1 MiB, ending inside the fourth: writes and truncates cross chunk edges.
 MAX_SIZE = 3 << 20 | 12345
 
 
@@ -118,11 +119,16 @@ def main():
             want = bytes(model)
             deadline = time.monotonic() + 5
             while True:
-                with open(other, "rb") as f:
-                    got = f.read()
+                try:
+                    with open(other, "rb") as f:
+                        got = f.read()
+                except FileNotFoundError:   # the other mount has not heard of it yet
+                    got = None
                 if got == want or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
+            if got is None:
+                fail(history, "the other mount does not show the file")
             if got != want:
                 fail(history, "the other mount shows %d bytes, the model %d (first difference at %d)"
                      % (len(got), len(want), first_difference(got, want)))
@@ -133,9 +139,12 @@ def main():
             if st.st_size != len(model):
                 fail(history, "size %d, the model %d" % (st.st_size, len(model)))
         if drop_every and step % drop_every == 0:
-            history.append("%d drop caches" % step)
+            # Closed first, so that the kernel may forget the file, and asks for it again.
+            history.append("%d close, drop caches, reopen" % step)
+            os.close(fd)
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
+            fd = os.open(path, os.O_RDWR)
         if len(history) > 1000:
             del history[:500]
     os.close(fd)

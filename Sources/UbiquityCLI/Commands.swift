@@ -565,6 +565,9 @@ let fsckCommand = Subcommand(
         let folder = try storeFolder(p)
         guard hasStore(folder) else { throw UsageError(message: "no store in \(folder)") }
         let store = try openStore(folder)
+        if store.work.otherWritersAlive() {
+            writeError("a daemon serves \(storeLabel(folder)): what it changes while this runs may show as problems")
+        }
         let report = try checkStore(store, full: p.flags.contains("--full"))
         for line in report.problems { writeOut("problem: " + line) }
         for line in report.notes { writeOut("note: " + line) }

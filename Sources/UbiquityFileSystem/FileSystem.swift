@@ -506,6 +506,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func symlink(parent: UInt64, name: [UInt8], target: [UInt8], caller: Caller) throws(FSError) -> Attributes {
         try typed {
             if target.count >= Int(PATH_MAX) { throw FSError(ENAMETOOLONG, "symlink target too long") }
+            // As symlink(2) on Linux: an empty target names nothing.
+            if target.isEmpty { throw FSError(ENOENT, "a symbolic link needs a target") }
             return try createNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, rdev: 0, target: target)
         }
     }

@@ -1,18 +1,18 @@
 // `ubiquityfs fsck`: checks that a store's tables agree with each other and with its content
-// chunks, whichever implementation holds them. It reads one snapshot of the namespace, every
-// version and the list of chunks, and reports what no sequence of commits could have made:
-// names of nodes that are not there, link counts that do not match the names, versions of
-// files that are gone, chunks a version names that the blob store lacks (and, with `full`,
-// chunks whose bytes no longer match their checksum). It changes nothing.
+// chunks, whichever implementation holds them. It reads the namespace, then every version,
+// then the list of chunks, and reports what no sequence of commits could have made: names of
+// nodes that are not there, link counts that do not match the names, versions of files that
+// are gone, chunks a version names that the blob store lacks (and, with `full`, chunks whose
+// bytes no longer match their checksum). It writes nothing to the tables.
 //
-// It is meant for a store no daemon serves: one that runs may commit between the reads, and
-// a file unlinked while open is nameless until its daemon stops (such files are noted, not
+// It is meant for a store no daemon serves: one that runs may commit between the three reads,
+// and a file unlinked while open is nameless until its daemon stops (such files are noted, not
 // counted as problems).
 
 import Foundation
 
 public struct StoreCheckReport: Sendable {
-    /// One line per problem, worst first within each kind.
+    /// One line per problem.
     public var problems: [String] = []
     /// Things that are fine but worth saying (nameless files, chunks no version names yet).
     public var notes: [String] = []
@@ -91,7 +91,12 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
     for n in snapshot.nodes {
         guard let id = n.currentVersion else { continue }
         guard let v = byID[id] else { problem("inode \(n.ino): its current version \(id) does not exist"); continue }
-        if v.ino != n.ino { problem("inode \(n.ino): its current version \(id) is inode \(v.ino)'s") }
+        if v.ino != n.ino {
+            // A file replaced by a rename while open keeps reading the content it had, which
+            // went to the file that replaced it (the replaced one has no name by then).
+            if n.nlink == 0 { continue }
+            problem("inode \(n.ino): its current version \(id) is inode \(v.ino)'s")
+        }
         if v.size != n.size { problem("inode \(n.ino) has size \(n.size), and its current version \(id) \(v.size)") }
     }
     let blobStore = store.blobs

@@ -261,11 +261,4 @@ final class DurabilityTests: MountTestCase {
         try unmount()
         assertStoreWhole()
     }
-
-    /// `fsck --full` finds the (unmounted) store whole.
-    private func assertStoreWhole(file: StaticString = #filePath, line: UInt = #line) {
-        let r = ubiquityfs(["fsck", "--store", storeDir, "--full"])
-        XCTAssertEqual(r.status, 0, "\(r)", file: file, line: line)
-        XCTAssertTrue(r.stdout.contains("no problems"), r.stdout, file: file, line: line)
-    }
 }

@@ -20,7 +20,7 @@ final class RandomIOTests: MountTestCase {
 
     func testRandomIOMatchesTheModel() throws {
         try mount()
-        fsx([docs("SugoiApp") + "/fsx.bin", String(Self.operations(60_000)), "1", "--drop-every", "20000"])
+        fsx([docs("SugoiApp") + "/fsx.bin", String(Self.operations(60_000)), "1", "--drop-every", "2000"])
         try unmount()
     }
 

@@ -346,6 +346,13 @@ class MountTestCase: XCTestCase {
     }
 
     /// Clears the mount at `mnt` whose daemon is gone (lazily, if a plain unmount cannot).
+    /// `fsck --full` finds the (unmounted) store whole.
+    func assertStoreWhole(file: StaticString = #filePath, line: UInt = #line) {
+        let fsck = ubiquityfs(["fsck", "--store", storeDir, "--full"], timeout: 300)
+        XCTAssertEqual(fsck.status, 0, "\(fsck)", file: file, line: line)
+        XCTAssertTrue(fsck.stdout.contains("no problems"), fsck.stdout, file: file, line: line)
+    }
+
     func clearDeadMount(_ mnt: String) {
         if !Command.run(["fusermount3", "-u", mnt], timeout: 20).succeeded {
             _ = Command.run(["fusermount3", "-uz", mnt], timeout: 20)
@@ -570,5 +577,15 @@ final class Watchdog: @unchecked Sendable {
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")) ?? ""
         let binary = URL(fileURLWithPath: MountTestCase.binary).resolvingSymlinksInPath().path
         return !exe.isEmpty && exe.hasPrefix(binary)
+    }
+}
+
+/// A fixed sequence of numbers (an LCG), so a test's random moments repeat from run to run.
+struct FixedSequence {
+    private var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next(_ range: ClosedRange<UInt32>) -> UInt32 {
+        state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+        return range.lowerBound + UInt32(state >> 33) % (range.upperBound - range.lowerBound + 1)
     }
 }
