@@ -16,6 +16,17 @@ final class CrashTests: MountTestCase {
         max(1, Int(ProcessInfo.processInfo.environment["UBIQUITYFS_CRASH_ROUNDS"] ?? "") ?? 20)
     }
 
+    /// `kill -9` of the daemon `pid` while `load` works, then of `load`; the mount point is
+    /// mounted again.
+    private func killAndMountAgain(_ pid: pid_t, under load: BackgroundProcess, round: Int) throws {
+        kill(pid, SIGKILL)
+        XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): the daemon survived SIGKILL")
+        kill(load.pid, SIGKILL)
+        load.stop()
+        clearDeadMount(mountPoint)
+        try mount()
+    }
+
     /// The count the checker prints ("after N finished operations").
     static func finishedOperations(_ output: String) -> Int {
         guard let r = output.range(of: #"after [0-9]+ finished"#, options: .regularExpression) else { return 0 }
@@ -36,12 +47,7 @@ final class CrashTests: MountTestCase {
                                              environment: environment, log: workDir + "/crash-\(round).out")
             usleep(moments.next(300_000...1_500_000))
             guard let pid = readDaemonPID() else { throw FixtureError("round \(round): no daemon pid") }
-            kill(pid, SIGKILL)
-            XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): the daemon survived SIGKILL")
-            kill(load.pid, SIGKILL)
-            load.stop()
-            clearDeadMount(mountPoint)
-            try mount()
+            try killAndMountAgain(pid, under: load, round: round)
             let r = Command.run(["python3", script, "check", dir, log], timeout: 120)
             XCTAssertEqual(r.status, 0, "round \(round): \(r.stdout)\(r.stderr)\n--- workload:\n"
                            + ((try? String(contentsOfFile: workDir + "/crash-\(round).out", encoding: .utf8)) ?? ""))
@@ -83,13 +89,7 @@ final class CrashTests: MountTestCase {
             let load = try BackgroundProcess(["python3", script, "run", docs("SugoiApp") + "/" + name, log, String(100 + round), "2"],
                                              environment: environment, log: workDir + "/\(name).out")
             usleep(moments.next(300_000...1_500_000))
-            let pid = try daemonPID(of: mountPoint)
-            kill(pid, SIGKILL)
-            XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): the daemon survived SIGKILL")
-            kill(load.pid, SIGKILL)
-            load.stop()
-            clearDeadMount(mountPoint)
-            try mount()
+            try killAndMountAgain(try daemonPID(of: mountPoint), under: load, round: round)
             let mine = Command.run(["python3", script, "check", docs("SugoiApp") + "/" + name, log], timeout: 120)
             XCTAssertEqual(mine.status, 0, "round \(round), through the mount killed: \(mine.stdout)")
             // The other mount learns of the recovered files from the change log.
