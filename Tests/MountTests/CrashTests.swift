@@ -27,6 +27,14 @@ final class CrashTests: MountTestCase {
         try mount()
     }
 
+    /// Waits until the workload has opened its log: the kill moment counts from there, as a
+    /// loaded machine can take longer than the shortest moment to start Python.
+    private func waitUntilStarted(_ load: BackgroundProcess, log: String, round: Int) {
+        eventually("round \(round): the workload starts", seconds: 30) {
+            FileManager.default.fileExists(atPath: log) || !load.isRunning
+        }
+    }
+
     /// The count the checker prints ("after N finished operations").
     static func finishedOperations(_ output: String) -> Int {
         guard let r = output.range(of: #"after [0-9]+ finished"#, options: .regularExpression) else { return 0 }
@@ -45,6 +53,7 @@ final class CrashTests: MountTestCase {
             let log = workDir + "/crash-\(round).log"
             let load = try BackgroundProcess(["python3", script, "run", dir, log, String(round)],
                                              environment: environment, log: workDir + "/crash-\(round).out")
+            waitUntilStarted(load, log: log, round: round)
             usleep(moments.next(300_000...1_500_000))
             guard let pid = readDaemonPID() else { throw FixtureError("round \(round): no daemon pid") }
             try killAndMountAgain(pid, under: load, round: round)
@@ -88,6 +97,7 @@ final class CrashTests: MountTestCase {
             let log = workDir + "/\(name).log"
             let load = try BackgroundProcess(["python3", script, "run", docs("SugoiApp") + "/" + name, log, String(100 + round), "2"],
                                              environment: environment, log: workDir + "/\(name).out")
+            waitUntilStarted(load, log: log, round: round)
             usleep(moments.next(300_000...1_500_000))
             try killAndMountAgain(try daemonPID(of: mountPoint), under: load, round: round)
             let mine = Command.run(["python3", script, "check", docs("SugoiApp") + "/" + name, log], timeout: 120)
