@@ -368,6 +368,20 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
+    /// A file deleted for good that nothing has open: its unpublished working copy goes now (no
+    /// name or handle reaches it again), so its space comes back at once even while the kernel
+    /// still holds the node, which waits for the kernel's forget. (An unpublished copy a full
+    /// disk left would otherwise keep that disk full.)
+    func discardUnreachableWork(_ ino: InodeNumber) {
+        guard isNameless(ino) else { return }
+        let doc: Document? = docsLock.withLock {
+            guard let doc = docs[ino], doc.opens == 0 else { return nil }
+            docs[ino] = nil
+            return doc
+        }
+        doc?.discard()
+    }
+
     // MARK: - lookup and listing
 
     public func lookup(parent: UInt64, name: [UInt8]) throws(FSError) -> Attributes {

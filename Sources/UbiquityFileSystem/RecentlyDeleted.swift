@@ -250,7 +250,9 @@ extension UbiquityFileSystem {
             var count = 0
             // One commit per item: a long emptying never holds the namespace for long.
             for item in doomed {
+                var files: [InodeNumber] = []
                 let purged = try mutate { s -> Bool in
+                    files = []
                     guard let r = s.base.trashed[item], var n = s.node(item), let c = s.base.containers[n.container],
                           var folder = recentlyDeletedFolder(of: c, in: s) else { return false }
                     let now = nowNanoseconds()
@@ -258,30 +260,33 @@ extension UbiquityFileSystem {
                     s.add(.deleteMeta(key: r.key))
                     if n.kind == .directory {
                         folder.nlink -= 1
-                        purgeContents(&s, of: n.ino, now: now)
+                        purgeContents(&s, of: n.ino, now: now, files: &files)
                         dropFolder(&s, &n, now: now)
                     } else {
                         dropLink(&s, &n, now: now)
+                        files.append(n.ino)
                     }
                     s.put(folder)
                     return true
                 }
                 if purged { count += 1 }
+                for ino in files { discardUnreachableWork(ino) }
             }
             return count
         }
     }
 
     /// Everything inside folder `dir` goes for good (a folder that went to Recently Deleted whole).
-    private func purgeContents(_ s: inout Staging, of dir: InodeNumber, now: Int64) {
+    private func purgeContents(_ s: inout Staging, of dir: InodeNumber, now: Int64, files: inout [InodeNumber]) {
         for (name, child) in s.base.children[dir] ?? [:] {
             guard var n = s.node(child) else { continue }
             s.add(.deleteDirent(parent: dir, name: name))
             if n.kind == .directory {
-                purgeContents(&s, of: child, now: now)
+                purgeContents(&s, of: child, now: now, files: &files)
                 dropFolder(&s, &n, now: now)
             } else {
                 dropLink(&s, &n, now: now)
+                files.append(n.ino)
             }
         }
     }

@@ -4,6 +4,7 @@
 //   blobs/XX/…         LocalBlobStore
 //   work/…             LocalWorkArea
 //   locks/…            LocalLockTable
+//   reserve            SpaceReserve: space held back so that a full disk still takes deletes
 
 import Foundation
 #if canImport(Glibc)
@@ -49,16 +50,17 @@ final class StoreLock: Sendable {
 /// The store is its owner's alone: file names and contents of private containers are in it. So
 /// the folder is made `0700` (an existing folder that others could read or enter is tightened,
 /// and `log` says so) and every file in it `0600`.
-public func openEmbeddedStore(directory: String, log: (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
+public func openEmbeddedStore(directory: String, log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) -> BackingStore {
     let directory = directory.count > 1 && directory.hasSuffix("/") ? String(directory.dropLast()) : directory
     var st = stat()
     let existed = stat(directory, &st) == 0
     try makeDirectories(directory, mode: 0o700)
     try tightenPermissions(of: directory, log: log)
     let lock = try StoreLock(directory: directory)
-    let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock)
-    let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock)
-    let work = try LocalWorkArea(directory: directory, storeLock: lock)
+    let reserve = SpaceReserve(directory: directory, log: log)
+    let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock, reserve: reserve)
+    let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock, reserve: reserve)
+    let work = try LocalWorkArea(directory: directory, storeLock: lock, reserve: reserve)
     let locks = try LocalLockTable(directory: directory, storeLock: lock)
     if !existed {
         // Make the new folder's entries (blobs/, work/, the database) durable.

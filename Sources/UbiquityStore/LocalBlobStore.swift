@@ -74,13 +74,15 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
     /// The blobs folder, open for syncfs.
     private let blobsFD: Int32
     private let storeLock: StoreLock?
+    /// The embedded store's space reserve: while it is in use, no new chunk is written.
+    private let reserve: SpaceReserve?
 
     /// Opens (creating if missing) `<directory>/blobs`. `fdCacheCapacity`: open read fds kept.
     public convenience init(directory: String, fdCacheCapacity: Int = 256) throws(StoreError) {
         try self.init(directory: directory, fdCacheCapacity: fdCacheCapacity, storeLock: nil)
     }
 
-    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?) throws(StoreError) {
+    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
         let blobsPath = directory + "/blobs"
         let tempPath = blobsPath + "/.tmp"
         try makeDirectories(directory)
@@ -110,6 +112,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         self.blobsFD = fd
         self.cache = FDCache(capacity: fdCacheCapacity)
         self.storeLock = storeLock
+        self.reserve = reserve
     }
 
     deinit { close(blobsFD) }
@@ -141,6 +144,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         guard bytes.count <= chunkSize else {
             throw StoreError(errno: EINVAL, "blob of \(bytes.count) bytes is larger than a chunk (\(chunkSize))")
         }
+        try reserve?.checkRoom(for: "write a chunk in \(blobsPath)")
         let checksum = contentChecksum(bytes)
         var generator = SystemRandomNumberGenerator()
         while true {

@@ -101,6 +101,8 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     public let workPath: String
     private let ownLock: Int32
     private let storeLock: StoreLock?
+    /// The embedded store's space reserve: while it is in use, working copies take no new bytes.
+    private let reserve: SpaceReserve?
     // `mutex` guards `adopted`: the folders of gone daemons being recovered, with their locks.
     private let mutex = StoreMutex()
     private var adopted: [(path: String, lock: Int32)] = []
@@ -111,7 +113,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         try self.init(directory: directory, storeLock: nil)
     }
 
-    init(directory: String, storeLock: StoreLock?) throws(StoreError) {
+    init(directory: String, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
         try makeDirectories(directory)
         let rootPath = directory + "/work"
         if try makeDirectory(rootPath) {
@@ -131,6 +133,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         self.workPath = own
         self.ownLock = fd
         self.storeLock = storeLock
+        self.reserve = reserve
     }
 
     deinit {
@@ -171,7 +174,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             throw systemError("create", map, code)
         }
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
-                                 workPath: workPath, dirty: [], newlyCreated: true, base: nil)
+                                 workPath: workPath, dirty: [], newlyCreated: true, base: nil, reserve: reserve)
         do throws(StoreError) {
             try pwriteFully(mapFD, WorkMap.header(base: nil, size: 0, boot: currentBootID ?? []), at: 0, path: map)
         } catch {
@@ -348,7 +351,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
                                  workPath: folder, dirty: Set(dirty), newlyCreated: false, base: header.base,
-                                 chunksAt: header.chunksAt)
+                                 chunksAt: header.chunksAt, reserve: reserve)
         let intact = currentBootID != nil && header.boot == currentBootID
         let modified = header.finished ? header.finishedMtime
             : Int64(dataStat.st_mtim.tv_sec) * 1_000_000_000 + Int64(dataStat.st_mtim.tv_nsec)
@@ -369,6 +372,7 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
 
     /// Offset of the chunk bytes in the map (an old-format map keeps its layout).
     private let chunksAt: Int
+    private let reserve: SpaceReserve?
 
     // `mutex` guards `dirty` (chunk indexes already marked in the map, to skip repeated
     // pwrites), `needsDirectorySync` (the files' names are not yet known durable) and `hasBase`
@@ -380,8 +384,10 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     private var hasBase: Bool
 
     init(ino: InodeNumber, dataFD: Int32, mapFD: Int32, dataPath: String, mapPath: String,
-         workPath: String, dirty: Set<Int>, newlyCreated: Bool, base: VersionID?, chunksAt: Int = WorkMap.headerSize) {
+         workPath: String, dirty: Set<Int>, newlyCreated: Bool, base: VersionID?, chunksAt: Int = WorkMap.headerSize,
+         reserve: SpaceReserve?) {
         self.ino = ino; self.dataFD = dataFD; self.mapFD = mapFD
+        self.reserve = reserve
         self.dataPath = dataPath; self.mapPath = mapPath; self.workPath = workPath
         self.dirty = dirty; self.needsDirectorySync = newlyCreated
         self.hasBase = base != nil
@@ -398,11 +404,13 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     }
 
     public func pwrite(_ bytes: UnsafeRawBufferPointer, at offset: Int) throws(StoreError) {
+        try reserve?.checkRoom(for: "write \(dataPath)")
         try pwriteFully(dataFD, bytes, at: offset, path: dataPath)
     }
 
     public func truncate(to size: Int) throws(StoreError) {
         guard size >= 0 else { throw StoreError(errno: EINVAL, "truncate \(dataPath): negative size \(size)") }
+        try reserve?.checkRoom(for: "truncate \(dataPath)")
         if retryEINTR({ ftruncate(dataFD, off_t(size)) }) != 0 { throw systemError("truncate", dataPath, errno) }
         try withUnsafeBytes(of: UInt64(size).littleEndian) { (raw) throws(StoreError) in
             try pwriteFully(mapFD, raw, at: 24, path: mapPath)

@@ -151,6 +151,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private let folder: String
     /// The embedded store's `flock`; held for as long as this object lives.
     private let storeLock: StoreLock?
+    /// The embedded store's space reserve, released when a commit finds the disk full.
+    private let reserve: SpaceReserve?
 
     /// Opens (creating if missing) the database at `path`.
     public convenience init(path: String) throws(StoreError) {
@@ -176,9 +178,10 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         self.path = path
         folder = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         storeLock = nil
+        reserve = nil
     }
 
-    init(path: String, storeLock: StoreLock?) throws(StoreError) {
+    init(path: String, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
         // Create the database 0600 ourselves: SQLite would make it 0644 (less the umask), and it
         // gives its -wal and -shm files the database's mode.
         let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
@@ -197,6 +200,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         self.folder = (path as NSString).deletingLastPathComponent.isEmpty
             ? "." : (path as NSString).deletingLastPathComponent
         self.storeLock = storeLock
+        self.reserve = reserve
     }
 
     deinit {
@@ -548,6 +552,18 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
+        do throws(StoreError) {
+            let seq = try commitOnce(batch, durable: durable)
+            reserve?.restore()
+            return seq
+        } catch where error.kind == .noSpace && reserve?.release() == true {
+            // The disk is full: the reserve's space lets this change (and the deletes that
+            // free space) through.
+            return try commitOnce(batch, durable: durable)
+        }
+    }
+
+    private func commitOnce(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
         try mutex.withLock { () throws(StoreError) -> ChangeSeq in
             if durable { try run("PRAGMA synchronous=FULL") }
             defer { if durable { try? run("PRAGMA synchronous=NORMAL") } }

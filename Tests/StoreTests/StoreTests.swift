@@ -334,8 +334,9 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(chmod(root + "/metadata.sqlite3", 0o644), 0)
         XCTAssertTrue(FileManager.default.createFile(atPath: root + "/daemon.pid", contents: Data("1\n".utf8),
                                                     attributes: [.posixPermissions: 0o644]))
-        var notes: [String] = []
-        do { _ = try openEmbeddedStore(directory: root) { notes.append($0) } }
+        let said = Said()
+        do { _ = try openEmbeddedStore(directory: root) { said.append($0) } }
+        var notes = said.lines
         let found = try modes(under: root)
         XCTAssertEqual(found["."], 0o700)
         XCTAssertEqual(found["metadata.sqlite3"], 0o600)
@@ -343,8 +344,9 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(notes.count, 1)
         XCTAssertTrue(notes.first?.contains("made the store folder \(root) private (mode 755 -> 700)") ?? false, "\(notes)")
         // Already private: nothing to say.
-        notes = []
-        do { _ = try openEmbeddedStore(directory: root) { notes.append($0) } }
+        let again = Said()
+        do { _ = try openEmbeddedStore(directory: root) { again.append($0) } }
+        notes = again.lines
         XCTAssertEqual(notes, [])
     }
 
@@ -622,4 +624,12 @@ final class MemoryStoreTests: XCTestCase {
         file?.remove()  // its area is gone: a no-op
         try writeWork(try XCTUnwrap(file), [1], at: 0)
     }
+}
+
+/// Lines a store logged (from any thread).
+final class Said: @unchecked Sendable {
+    private let lock = NSLock()
+    private var said: [String] = []
+    func append(_ line: String) { lock.withLock { said.append(line) } }
+    var lines: [String] { lock.withLock { said } }
 }
