@@ -556,22 +556,42 @@ let checkCommand = Subcommand(
 let fsckCommand = Subcommand(
     name: "fsck",
     summary: "check that a store's names, files, versions and chunks agree: one line per problem, exit 1 if any",
-    usage: "fsck [--store DIR|URL [--local DIR]] [--full]",
+    usage: "fsck [--store DIR|URL [--local DIR]] [--full] [--repair]",
     options: [("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs), or a shared store's postgres:// URL"),
               ("--local=", "shared store: this machine's folder for it"),
-              ("--full", "also read every chunk and compare it with its checksum")],
+              ("--full", "also read every chunk and compare it with its checksum"),
+              ("--repair", "mend what can be mended (no daemon may serve the store): what lost its name goes to "
+               + "lost+found in Recently Deleted, nothing a user wrote is deleted; then check again")],
     positionals: 0...0,
     run: { p in
         let folder = try storeFolder(p)
         guard hasStore(folder) else { throw UsageError(message: "no store in \(folder)") }
         let store = try openStore(folder)
+        let repairing = p.flags.contains("--repair")
         if store.work.otherWritersAlive() {
+            if repairing {
+                writeError("a daemon serves \(storeLabel(folder)): unmount it first (`ubiquityfs unmount MOUNTPOINT`), then repair")
+                return ExitCode.failure
+            }
             writeError("a daemon serves \(storeLabel(folder)): what it changes while this runs may show as problems")
         }
-        let report = try checkStore(store, full: p.flags.contains("--full"))
+        let full = p.flags.contains("--full")
+        var report = try checkStore(store, full: full)
         for line in report.problems { writeOut("problem: " + line) }
         for line in report.notes { writeOut("note: " + line) }
-        writeOut("\(storeLabel(folder)): " + report.summary)
+        if repairing && !report.problems.isEmpty {
+            let repair = try repairStore(store, writer: "\(ProcessInfo.processInfo.hostName) fsck pid \(getpid())")
+            for line in repair.done { writeOut("repaired: " + line) }
+            report = try checkStore(store, full: full)
+            for line in report.problems { writeOut("left: " + line) }
+            if !report.problems.isEmpty {
+                writeOut("what is left cannot be mended here: a missing or damaged chunk loses that version's content; "
+                         + "`ubiquityfs versions` lists a file's other versions and `ubiquityfs restore` brings one back")
+            }
+            writeOut("\(storeLabel(folder)): after repair: " + report.summary)
+        } else {
+            writeOut("\(storeLabel(folder)): " + report.summary)
+        }
         return report.problems.isEmpty ? ExitCode.success : ExitCode.failure
     })
 

@@ -35,6 +35,12 @@ final class Document: @unchecked Sendable {
     private var finished = false
     /// Handles that changed the file since their last flush (close). Finished means none.
     private var unflushed: Set<UInt64> = []
+    /// Handles opened with O_TRUNC that have written nothing yet. A close of one of their
+    /// descriptors publishes nothing: a shell's `echo x > f` opens, dups and closes the first
+    /// descriptor before `echo` writes, and that close must not publish an empty version that
+    /// other mounts would show between two whole ones. The release (or the idle publish)
+    /// publishes a file that stays empty.
+    private var truncatedAtOpen: Set<UInt64> = []
     /// Monotonic time of the last publish at a close (guarded by `closeLock`).
     private var lastClosePublish: UInt64 = 0
     private let closeLock = Lock()
@@ -169,6 +175,7 @@ final class Document: @unchecked Sendable {
         guard bytes.count > 0 else { return }
         try lock.write {
             try unfinish(by: handle)
+            truncatedAtOpen.remove(handle)
             let start = Int(offset)
             let end = start + bytes.count
             for index in (start / chunkSize)...((end - 1) / chunkSize) {
@@ -180,10 +187,14 @@ final class Document: @unchecked Sendable {
         }
     }
 
-    /// Truncate through `handle` (nil: by path, with no descriptor).
-    func truncate(to newSize: UInt64, handle: UInt64?) throws {
+    /// Truncate through `handle` (nil: by path, with no descriptor); `atOpen`: the O_TRUNC of
+    /// the open that made `handle`.
+    func truncate(to newSize: UInt64, handle: UInt64?, atOpen: Bool = false) throws {
         try lock.write {
             try unfinish(by: handle)
+            if let handle {
+                if atOpen { truncatedAtOpen.insert(handle) } else { truncatedAtOpen.remove(handle) }
+            }
             if newSize < size {
                 let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
                 if newSize % UInt64(chunkSize) != 0 {
@@ -215,6 +226,7 @@ final class Document: @unchecked Sendable {
     @discardableResult
     func flushed(handle: UInt64) throws -> Bool {
         try lock.write {
+            if truncatedAtOpen.contains(handle) { return false }   // still open, nothing written yet
             unflushed.remove(handle)
             guard unflushed.isEmpty, let work, stat().unpublished else { return false }
             if !finished {
@@ -240,7 +252,10 @@ final class Document: @unchecked Sendable {
 
     /// `handle` is gone (release) without necessarily a flush first.
     func released(handle: UInt64) {
-        lock.write { _ = unflushed.remove(handle) }
+        lock.write {
+            unflushed.remove(handle)
+            truncatedAtOpen.remove(handle)
+        }
     }
 
     /// A change through `handle` is coming: the working copy is no longer a finished document.

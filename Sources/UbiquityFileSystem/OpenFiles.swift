@@ -20,7 +20,7 @@ extension UbiquityFileSystem {
             }
             if flags & O_TRUNC != 0 {
                 // Through the new handle, so the working copy is not finished until it closes.
-                do { try doc.truncate(to: 0, handle: h) } catch {
+                do { try doc.truncate(to: 0, handle: h, atOpen: true) } catch {
                     doc.released(handle: h)
                     try? releaseDocument(doc)
                     throw FSError(error)

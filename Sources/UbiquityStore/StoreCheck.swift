@@ -42,7 +42,7 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
     var names: [InodeNumber: Int] = [:]
     var subfolders: [InodeNumber: Int] = [:]
     for d in snapshot.dirents {
-        let shown = "the name \(printable(d.name)) in folder \(d.parent)"
+        let shown = "the name \(printableName(d.name)) in folder \(d.parent)"
         guard let parent = nodes[d.parent] else { problem("\(shown): the folder does not exist"); continue }
         if parent.kind != .directory { problem("\(shown): inode \(d.parent) is not a folder") }
         guard let child = nodes[d.child] else { problem("\(shown) names inode \(d.child), which does not exist"); continue }
@@ -124,7 +124,7 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
     }
 
     for x in snapshot.xattrs where nodes[x.ino] == nil {
-        problem("extended attribute \(printable(x.name)) of inode \(x.ino), which does not exist")
+        problem("extended attribute \(printableName(x.name)) of inode \(x.ino), which does not exist")
     }
     for c in snapshot.containers {
         guard let root = nodes[c.rootIno] else { problem("container \(c.identifier): its root folder \(c.rootIno) does not exist"); continue }
@@ -134,8 +134,8 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
 }
 
 /// A name as text for a report line (bytes that are not UTF-8 as \xNN).
-private func printable(_ name: [UInt8]) -> String {
-    if let s = String(validatingUTF8: name.map { CChar(bitPattern: $0) } + [0]), !s.contains(where: { $0.isNewline }) {
+package func printableName(_ name: [UInt8]) -> String {
+    if let s = String(validating: name, as: UTF8.self), !s.contains(where: { $0.isNewline || ($0.asciiValue ?? 0x20) < 0x20 }) {
         return "'" + s + "'"
     }
     return "'" + name.map { $0 >= 0x20 && $0 < 0x7f ? String(UnicodeScalar($0)) : String(format: "\\x%02x", $0) }.joined() + "'"

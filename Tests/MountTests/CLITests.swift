@@ -101,6 +101,68 @@ final class CLITests: MountTestCase {
         XCTAssertTrue(full.stdout.contains("3 problems"), full.stdout)
     }
 
+    /// `fsck --repair` mends a damaged store in one commit: names of nothing go, link counts and
+    /// sizes follow the names and versions, and what lost its name (a file, a folder with what is
+    /// in it, the versions of a file whose inode went) lands in lost+found in Recently Deleted,
+    /// from where `trash restore` brings it back whole.
+    func testFsckRepairKeepsWhatLostItsNameInLostAndFound() throws {
+        try mount()
+        let d = docs("SugoiApp")
+        assertShell("""
+            cd \(shellQuote(d)) && echo a > a.txt && ln a.txt a-link.txt && echo 'lost content' > lost.txt \
+              && echo 'gone v1' > gone.txt && echo 'gone v2' > gone.txt && setfattr -n user.x -v 1 gone.txt \
+              && mkdir Sub && echo inner > Sub/inner.txt
+            """)
+        try unmount()
+        let db = shellQuote(storeDir + "/metadata.sqlite3")
+        func ino(_ name: String) -> String {
+            sh("sqlite3 \(db) \"SELECT child FROM dirents WHERE name = CAST('\(name)' AS BLOB)\"").stdout
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let lost = ino("lost.txt"), gone = ino("gone.txt"), sub = ino("Sub"), inner = ino("inner.txt")
+        XCTAssertFalse(lost.isEmpty || gone.isEmpty || sub.isEmpty || inner.isEmpty)
+        assertShell("""
+            sqlite3 \(db) "UPDATE nodes SET nlink = 5 WHERE ino = \(ino("a.txt")); \
+              DELETE FROM dirents WHERE child = \(lost); DELETE FROM nodes WHERE ino = \(gone); \
+              DELETE FROM dirents WHERE child = \(sub); UPDATE nodes SET size = 999 WHERE ino = \(inner)"
+            """)
+        let damaged = ubiquityfs(["fsck", "--store", storeDir])
+        XCTAssertEqual(damaged.status, 1, "\(damaged)")
+
+        let repaired = ubiquityfs(["fsck", "--store", storeDir, "--repair", "--full"])
+        XCTAssertEqual(repaired.status, 0, "\(repaired)")
+        let done = repaired.lines.filter { $0.hasPrefix("repaired: ") }
+        for expected in ["set the link count of inode \(ino("a.txt")) to 2", "moved inode \(lost), which had no name",
+                         "moved inode \(sub), which had no name", "versions of inode \(gone), which does not exist",
+                         "removed the name 'gone.txt'", "removed the extended attribute 'user.x' of inode \(gone)",
+                         "set the size of inode \(inner) to 6"] {
+            XCTAssertTrue(done.contains { $0.contains(expected) }, "no line saying \(expected): \(repaired.stdout)")
+        }
+        XCTAssertTrue(repaired.stdout.contains("after repair: checked") && repaired.stdout.contains("no problems"), repaired.stdout)
+        let again = ubiquityfs(["fsck", "--store", storeDir, "--full"])
+        XCTAssertEqual(again.status, 0, "\(again)")
+        XCTAssertEqual(ubiquityfs(["fsck", "--store", storeDir, "--repair"]).stdout.filter { $0 == "\n" }.count, 1,
+                       "a whole store needs no repair")
+
+        try mount()
+        XCTAssertEqual(ls(d), ["a-link.txt", "a.txt"])
+        XCTAssertEqual(Posix.stat(d + "/a.txt")?.st_nlink, 2)
+        let listed = ubiquityfs(["trash", "list", "SugoiApp", "--store", storeDir])
+        let row = try XCTUnwrap(listed.lines.first { $0.hasSuffix("SugoiApp/lost+found") }, listed.stdout)
+        let id = try XCTUnwrap(row.split(separator: " ").first.map(String.init))
+        let restored = ubiquityfs(["trash", "restore", id, "--store", storeDir])
+        XCTAssertTrue(restored.succeeded, "\(restored)")
+        let found = d + "/lost+found"
+        XCTAssertEqual(Set(ls(found)), ["file-\(lost)", "folder-\(sub)", "file-\(gone)"])
+        XCTAssertEqual(Posix.readText(found + "/file-\(lost)"), "lost content\n")
+        XCTAssertEqual(Posix.readText(found + "/folder-\(sub)/inner.txt"), "inner\n")
+        XCTAssertEqual(Posix.readText(found + "/file-\(gone)"), "gone v2\n")
+        let history = ubiquityfs(["versions", found + "/file-\(gone)"])
+        XCTAssertEqual(history.lines.count, 3, "both versions came with it: \(history.stdout)")
+        try unmount()
+        assertStoreWhole()
+    }
+
     func testVersionsOfAFileByMountPathAndByStorePath() throws {
         try mount()
         let path = docs("SugoiApp") + "/Report.txt"
@@ -131,6 +193,19 @@ final class CLITests: MountTestCase {
         let missing = ubiquityfs(["versions", "--store", storeDir, "SugoiApp/Nope.txt"])
         XCTAssertEqual(missing.status, 64)
         XCTAssertTrue(missing.stderr.contains("no such file"), missing.stderr)
+    }
+
+    /// A shell's `echo x > f` opens with O_TRUNC and closes that first descriptor (after dup2)
+    /// before `echo` writes: that close publishes no empty version between two whole ones. A
+    /// file a program empties and closes (`: > f`) is still an empty version of its own.
+    func testAShellRedirectionMakesOneVersionPerSave() throws {
+        try mount()
+        let path = docs("SugoiApp") + "/Saved.txt"
+        assertShell("echo one > \(shellQuote(path)) && echo two > \(shellQuote(path)) && echo three > \(shellQuote(path)) && : > \(shellQuote(path))")
+        let listed = ubiquityfs(["versions", path])
+        let sizes = listed.lines.dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true)[3] }
+        XCTAssertEqual(sizes, ["4", "4", "6", "0"], listed.stdout)
+        try unmount()
     }
 
     /// `restore` through the daemon shows in the mount at once (the kernel is told, even with a
