@@ -36,10 +36,10 @@ final class Document: @unchecked Sendable {
     /// Handles that changed the file since their last flush (close). Finished means none.
     private var unflushed: Set<UInt64> = []
     /// Handles opened with O_TRUNC that have written nothing yet. A close of one of their
-    /// descriptors publishes nothing: a shell's `echo x > f` opens, dups and closes the first
-    /// descriptor before `echo` writes, and that close must not publish an empty version that
-    /// other mounts would show between two whole ones. The release (or the idle publish)
-    /// publishes a file that stays empty.
+    /// descriptors marks the copy finished but publishes nothing: a shell's `echo x > f` opens,
+    /// dups and closes the first descriptor before `echo` writes, and that close must not
+    /// publish an empty version that other mounts would show between two whole ones. The
+    /// release (or the idle publish) publishes a file that stays empty.
     private var truncatedAtOpen: Set<UInt64> = []
     /// Monotonic time of the last publish at a close (guarded by `closeLock`).
     private var lastClosePublish: UInt64 = 0
@@ -222,18 +222,19 @@ final class Document: @unchecked Sendable {
     /// dies before the publish that follows, recovery makes it the current version rather than
     /// a side version: "saved, closed, then the daemon died"
     /// must not show the old file. Under `lock`, so no write can slip between check and mark.
-    /// Returns whether every writer has now closed the document with changes unpublished.
+    /// Returns whether every writer has now closed the document with changes unpublished (and
+    /// it is to be published now).
     @discardableResult
     func flushed(handle: UInt64) throws -> Bool {
         try lock.write {
-            if truncatedAtOpen.contains(handle) { return false }   // still open, nothing written yet
             unflushed.remove(handle)
             guard unflushed.isEmpty, let work, stat().unpublished else { return false }
             if !finished {
                 try work.setFinished(mtime: statLock.withLock { mtime })
                 finished = true
             }
-            return true
+            // Marked, so a crash keeps what the close left; published at the release.
+            return !truncatedAtOpen.contains(handle)
         }
     }
 
