@@ -166,6 +166,13 @@ extension UbiquityFileSystem {
                 let trashBefore = trashedItems(touchedBy: r.mutations)
                 let watches = remote ? watches(before: r.mutations) : []
                 if remote {
+                    for case .deleteNode(let ino) in r.mutations where kernelHolds(ino) {
+                        guard var n = state.nodes[ino], n.kind != .directory else { continue }
+                        n.nlink = 0
+                        ghosts[ino] = (n, state.chunks[ino] ?? [])
+                    }
+                }
+                if remote {
                     for case .putNode(let n) in r.mutations where n.kind == .regular && changedContent[n.ino] == nil
                         && n.currentVersion != state.nodes[n.ino]?.currentVersion {
                         changedContent[n.ino] = state.chunks[n.ino] ?? []

@@ -88,6 +88,7 @@ public func errnoName(_ e: Int32) -> String {
     case EOPNOTSUPP: return "EOPNOTSUPP"
     case E2BIG: return "E2BIG"
     case ENXIO: return "ENXIO"
+    case ESTALE: return "ESTALE"
     default: return "errno \(e)"
     }
 }

@@ -94,6 +94,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// What this view shows and allows; set once, in init (it names the active containers).
     var policy: ViewPolicy
 
+    /// Files another writer deleted (replaced by its rename, say) while this kernel still held
+    /// them by their old name: kept here, read-only, until the kernel forgets them, so that an
+    /// open racing with that writer's change reads the file as it was, as on a local disk.
+    var ghosts: [InodeNumber: (node: NodeRecord, chunks: [ChunkRef])] = [:]   // guarded by ns
+
     let docsLock = Lock()
     var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
     var handles: [UInt64: Handle] = [:]       // guarded by docsLock
@@ -207,7 +212,19 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // The rules are `ViewPolicy`'s; these read them over this model's namespace.
     typealias Target = ViewPolicy.Target
-    func target(_ ino: UInt64) throws -> Target { try policy.target(ino, in: state) }
+    /// What `ino` is in this view. A file another writer deleted while this kernel still held
+    /// it is its ghost (see `ghosts`). Any other node another writer deleted while the kernel
+    /// holds it (a folder) is ESTALE, not ENOENT: on ESTALE the kernel walks the path again
+    /// with its names checked, as for NFS, and finds what the name is now. Caller holds ns.
+    func target(_ ino: UInt64) throws -> Target {
+        do { return try policy.target(ino, in: state) } catch let e as FSError where e.errno == ENOENT && state.nodes[ino] == nil {
+            if let ghost = ghosts[ino] { return .node(ghost.node) }
+            if docsLock.withLock({ lookups[ino] != nil }) {
+                throw FSError(ESTALE, "node \(ino) was deleted by another writer").routine()
+            }
+            throw e
+        }
+    }
     private func isShown(_ c: ContainerRecord) -> Bool { policy.isShown(c) }
     private func shownContainers() -> [ContainerRecord] { policy.shownContainers(in: state) }
     private func containerFolderName(_ c: ContainerRecord) -> [UInt8] { policy.containerFolderName(c) }
@@ -333,6 +350,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             log("internal error: the kernel forgot \(count) references to inode \(ino), which had \(counted)")
         }
         if gone {
+            ns.write { _ = ghosts.removeValue(forKey: ino) }
             do { try deleteIfUnreferenced(ino) } catch { log("deleting unlinked inode \(ino) failed: \(error)") }
         }
     }

@@ -13,6 +13,11 @@ extension UbiquityFileSystem {
     public func open(_ ino: UInt64, flags: Int32) throws(FSError) -> UInt64 {
         try typed {
             if let t = trashNode(ino) { return try trashOpen(t, flags: flags) }
+            if Self.mayWrite(flags) || flags & O_TRUNC != 0, ns.read({ state.nodes[ino] == nil && ghosts[ino] != nil }) {
+                // A file another writer deleted is read-only here: the kernel looks the name up
+                // again and opens what it names now.
+                throw FSError(ESTALE, "node \(ino) was deleted by another writer").routine()
+            }
             let doc = try acquireDocument(ino)
             let h = docsLock.withLock { () -> UInt64 in
                 defer { nextHandle += 1 }
@@ -46,7 +51,7 @@ extension UbiquityFileSystem {
             default: throw FSError(ENXIO, "not a regular file")
             }
             return docsLock.withLock {
-                let doc = docs[n.ino] ?? Document(node: n, chunks: state.chunks[n.ino] ?? [], store: store)
+                let doc = docs[n.ino] ?? Document(node: n, chunks: state.chunks[n.ino] ?? ghosts[n.ino]?.chunks ?? [], store: store)
                 docs[n.ino] = doc
                 doc.opens += 1
                 return doc

@@ -366,3 +366,37 @@ final class SeveralWritersTests: TwoWritersTestCase {
         assertBytes(try one.contents(f), b("v3, longer"))
     }
 }
+
+/// A file another writer replaced or deleted while this model's kernel still held it by its
+/// old name: an open racing with that change reads the file as it was (its ghost), read-only,
+/// until the kernel forgets it; a folder is ESTALE, so the kernel looks its path up again.
+final class GhostTests: TwoWritersTestCase {
+    func testAFileAnotherWriterReplacedReadsAsItWasUntilForgotten() throws {
+        let docs = try one.ino("SugoiApp")
+        let old = try one.makeFile(docs, "doc.txt", b("the old text"))
+        _ = try two.catchUp()
+        two.remember(old, parent: docs, name: b("doc.txt"))   // two's kernel holds it
+        let folder = try one.mkdir(parent: docs, name: b("Folder"), mode: 0o755, caller: owner).ino
+        _ = try two.catchUp()
+        two.remember(folder, parent: docs, name: b("Folder"))
+
+        // An atomic save on one: a new file renamed over the old, which one's kernel never held.
+        let new = try one.makeFile(docs, "doc.txt.tmp", b("the new text"))
+        try one.rename(parent: docs, name: b("doc.txt.tmp"), newParent: docs, newName: b("doc.txt"), flags: [])
+        try one.rmdir(parent: docs, name: b("Folder"))
+        try one.emptyTrash()
+        _ = try two.catchUp()
+
+        XCTAssertEqual(try two.contents("SugoiApp/doc.txt"), b("the new text"), "the name is the new file")
+        XCTAssertEqual(try two.lookup(parent: docs, name: b("doc.txt")).ino, new)
+        XCTAssertEqual(try two.getattr(old).nlink, 0, "the old file has no name")
+        XCTAssertEqual(try two.contents(old), b("the old text"), "and reads as it was")
+        assertErrno(ESTALE, try two.open(old, flags: O_WRONLY), "read-only")
+        assertErrno(ESTALE, try two.open(old, flags: O_RDONLY | O_TRUNC), "read-only")
+        assertErrno(ESTALE, try two.getattr(folder), "a folder the other writer removed")
+        two.forget(old, count: 1)
+        assertErrno(ENOENT, try two.getattr(old), "forgotten")
+        two.forget(folder, count: 1)
+        assertErrno(ENOENT, try two.getattr(folder), "forgotten")
+    }
+}
