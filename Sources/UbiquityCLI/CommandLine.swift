@@ -105,13 +105,33 @@ func writeTable(_ rows: [[String]]) {
     for line in formatTable(rows) { writeOut(line) }
 }
 
+/// Rows as lines of columns; control characters in a cell (a file name may hold a newline or
+/// an escape sequence) are shown escaped, so each row stays one line and nothing reaches the
+/// terminal as a command.
 func formatTable(_ rows: [[String]]) -> [String] {
+    let rows = rows.map { $0.map(escapingControlCharacters) }
     guard let first = rows.first else { return [] }
     let widths = (0..<first.count).map { c in rows.map { $0[c].count }.max() ?? 0 }
     return rows.map { row in
         row.enumerated().map { $1.padding(toLength: widths[$0], withPad: " ", startingAt: 0) }
             .joined(separator: "  ").trimmingCharacters(in: .whitespaces)
     }
+}
+
+/// `text` with C0 and C1 control characters and DEL as `\n`, `\t`, `\xNN` or `\u{NNNN}`.
+func escapingControlCharacters(_ text: String) -> String {
+    guard text.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) }) else { return text }
+    var out = ""
+    for u in text.unicodeScalars {
+        switch u.value {
+        case 0x0a: out += "\\n"
+        case 0x09: out += "\\t"
+        case 0..<0x20, 0x7f: out += String(format: "\\x%02x", u.value)
+        case 0x80...0x9f: out += String(format: "\\u{%04x}", u.value)
+        default: out.unicodeScalars.append(u)
+        }
+    }
+    return out
 }
 
 func writeOut(_ text: String) {

@@ -457,10 +457,11 @@ let unmountCommand = Subcommand(
         var status = runProgram("/bin/fusermount3", ["-u", mountpoint], quiet: true)
         for attempt in 1...10 where status != 0 && isMounted(mountpoint) {
             usleep(100_000)
-            status = runProgram("/bin/fusermount3", ["-u", mountpoint], quiet: attempt < 10)
+            status = runProgram("/bin/fusermount3", ["-u", mountpoint], quiet: true)
         }
         guard status == 0 || !isMounted(mountpoint) else {
-            writeError("ubiquityfs unmount: fusermount3 -u \(mountpoint) failed (is a file still open there? 'fuser -m \(mountpoint)' tells)")
+            writeError("ubiquityfs unmount: \(mountpoint) is busy: a program has a file or folder open there "
+                       + "('fuser -m \(mountpoint)' names it); the mount goes on working. Close it and try again")
             return ExitCode.failure
         }
         // The daemon publishes pending work after the kernel lets go; wait for it to finish.

@@ -904,6 +904,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     static let storeAttribute = Array("user.ubiquityfs.store".utf8)
     public var storeLocation = ""
 
+    /// The most bytes of attribute names a listxattr can return (Linux's XATTR_LIST_MAX).
+    static let xattrListMax = 65536
+    /// The most bytes of attribute values kept per file.
+    static let xattrValuesMax = 1 << 20
+
     public func setxattr(_ ino: UInt64, name: [UInt8], value: [UInt8], flags: Int32) throws(FSError) {
         try typed {
             guard name.starts(with: Self.userPrefix), name.count > Self.userPrefix.count else {
@@ -925,6 +930,20 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 let exists = state.xattrs[n.ino]?[name] != nil
                 if flags & xattrCreate != 0 && exists { throw FSError(EEXIST, "attribute exists") }
                 if flags & xattrReplace != 0 && !exists { throw FSError(ENODATA, "no such attribute") }
+                // Linux lists a file's attribute names in at most 64 KiB (a longer list could
+                // not be read back), and the store keeps at most 1 MiB of values per file: past
+                // either, ENOSPC, as ext4 says when an inode's attribute space is full.
+                let attrs = state.xattrs[n.ino] ?? [:]
+                if !exists {
+                    let listed = attrs.keys.reduce(0) { $0 + $1.count + 1 } + Self.statusAttributes.reduce(0) { $0 + $1.count + 1 }
+                    if listed + name.count + 1 > Self.xattrListMax {
+                        throw FSError(ENOSPC, "no room for another extended attribute (their names fill \(listed) bytes)")
+                    }
+                }
+                let stored = attrs.values.reduce(0) { $0 + $1.count } - (attrs[name]?.count ?? 0)
+                if stored + value.count > Self.xattrValuesMax {
+                    throw FSError(ENOSPC, "no room for this extended attribute value (the others hold \(stored) bytes)")
+                }
                 s.add(.putXattr(XattrRecord(ino: n.ino, name: name, value: value)))
                 n.ctime = nowNanoseconds()
                 s.put(n)
