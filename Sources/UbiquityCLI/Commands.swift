@@ -172,7 +172,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         tell("ubiquityfs mount: \(error)")
         return ExitCode.failure
     }
-    let store: BackingStore
+    var store: BackingStore
     let lease = p.value("--lock-lease").flatMap { Int($0) } ?? 15
     // The store may log before the log file exists (it is in the store's folder).
     let early = LogRelay()
@@ -185,6 +185,9 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let log: @Sendable (String) -> Void = { logger.write($0) }
     log("starting: store \(storeLabel(storeDir)), apps \(apps), mountpoint \(mountpoint)")
     early.attach(log)
+    if let script = ProcessInfo.processInfo.environment["UBIQUITYFS_FAULT_FILE"], !script.isEmpty {
+        store = injectingFaults(into: store, from: script, log: log)
+    }
     // From here on, a failure goes to the log as well as to whoever started the mount.
     let report: (String) -> Void = { line in
         tell(line)
@@ -610,4 +613,29 @@ func writePIDFile(_ path: String) {
     _ = text.withCString { write(fd, $0, strlen($0)) }
     close(fd)
     rename(temp, path)
+}
+
+/// For the project's own tests of faults through a mount: the store's calls fail or slow down
+/// as the file `script` says (see `FaultPlan.load(script:)`), read again whenever it changes.
+/// Only when the daemon was started with UBIQUITYFS_FAULT_FILE set, which nothing but those
+/// tests does; the log says so at start.
+func injectingFaults(into store: BackingStore, from script: String, log: @escaping @Sendable (String) -> Void) -> BackingStore {
+    let plan = FaultPlan()
+    log("fault injection: the store's calls fail as \(script) says (UBIQUITYFS_FAULT_FILE is set)")
+    let thread = Thread {
+        var seen: (Int, Int)? = nil
+        while true {
+            var st = stat()
+            let now = stat(script, &st) == 0 ? (Int(st.st_mtim.tv_sec) * 1_000_000_000 + Int(st.st_mtim.tv_nsec), Int(st.st_size)) : (0, -1)
+            if seen.map({ $0 != now }) ?? true {
+                seen = now
+                let text = (try? String(contentsOfFile: script, encoding: .utf8)) ?? ""
+                for problem in plan.load(script: text) { log("fault injection: \(script) \(problem)") }
+                log("fault injection: now \(text.split(separator: "\n").filter { !$0.hasPrefix("#") }.joined(separator: "; "))")
+            }
+            usleep(20_000)
+        }
+    }
+    thread.start()
+    return faultInjecting(store, plan: plan)
 }

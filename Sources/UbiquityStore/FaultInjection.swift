@@ -108,9 +108,71 @@ public final class FaultPlan: @unchecked Sendable {
         gate.unlock()
     }
 
+    /// Make every call of `operation` take `milliseconds` longer (0: no delay): a slow disk or
+    /// server.
+    public func delay(_ operation: FaultOperation, milliseconds: Int) {
+        mutex.withLock { delays[operation] = milliseconds > 0 ? milliseconds : nil }
+    }
+
+    private var delays: [FaultOperation: Int] = [:]   // guarded by mutex
+
+    private func wait(_ operation: FaultOperation) {
+        waitIfHeld(operation)
+        if let ms = mutex.withLock({ delays[operation] }) { usleep(useconds_t(ms) * 1000) }
+    }
+
+    /// Replace every rule and delay with those of `script`, one per line:
+    /// `OPERATION ERRNO [always | next N | nth N | from N]` or `OPERATION delay MILLISECONDS`
+    /// (`#` starts a comment). Returns a line for each line it could not read.
+    public func load(script: String) -> [String] {
+        var problems: [String] = []
+        var newRules: [FaultOperation: Rule] = [:]
+        var newDelays: [FaultOperation: Int] = [:]
+        let errnos: [String: Int32] = ["EIO": EIO, "ENOSPC": ENOSPC, "EDQUOT": EDQUOT, "EACCES": EACCES, "EROFS": EROFS,
+                                       "EHOSTUNREACH": EHOSTUNREACH, "ETIMEDOUT": ETIMEDOUT, "ENOENT": ENOENT]
+        for (number, raw) in script.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let words = raw.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first?
+                .split(separator: " ", omittingEmptySubsequences: true).map(String.init) ?? []
+            if words.isEmpty { continue }
+            guard let operation = FaultOperation(rawValue: words[0]), words.count >= 2 else {
+                problems.append("line \(number + 1): '\(raw)': an operation (\(FaultOperation.allCases.map(\.rawValue).joined(separator: ", "))) and what to do")
+                continue
+            }
+            if words[1] == "delay", words.count == 3, let ms = Int(words[2]), ms >= 0 {
+                newDelays[operation] = ms
+                continue
+            }
+            guard let code = errnos[words[1]] else {
+                problems.append("line \(number + 1): '\(raw)': no errno \(words[1]) (\(errnos.keys.sorted().joined(separator: ", ")))")
+                continue
+            }
+            let trigger: FaultTrigger?
+            switch (words.count, words.count > 2 ? words[2] : "always") {
+            case (2, _), (3, "always"): trigger = .always
+            default:
+                switch (words[2], words.count == 4 ? Int(words[3]) : nil) {
+                case ("next", let n?): trigger = .nextCalls(n)
+                case ("nth", let n?): trigger = .nthCall(n)
+                case ("from", let n?): trigger = .fromNthCall(n)
+                default: trigger = nil
+                }
+            }
+            guard let trigger else {
+                problems.append("line \(number + 1): '\(raw)': when is always, next N, nth N or from N")
+                continue
+            }
+            newRules[operation] = Rule(errno: code, trigger: trigger)
+        }
+        mutex.withLock {
+            rules = newRules
+            delays = newDelays
+        }
+        return problems
+    }
+
     /// Count a call of `operation`; throw if the plan says it fails. For wrappers.
     public func check(_ operation: FaultOperation) throws(StoreError) {
-        waitIfHeld(operation)
+        wait(operation)
         if let (code, call) = decide(operation) {
             throw StoreError(errno: code, "injected fault: \(operation.rawValue) call #\(call)")
         }
@@ -118,7 +180,7 @@ public final class FaultPlan: @unchecked Sendable {
 
     /// Count a call of `operation`; the errno to fail it with, or nil.
     public func next(_ operation: FaultOperation) -> Int32? {
-        waitIfHeld(operation)
+        wait(operation)
         return decide(operation)?.errno
     }
 

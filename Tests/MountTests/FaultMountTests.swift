@@ -1,0 +1,116 @@
+// Store faults under a running daemon (its store wrapped by the fault-injecting store, driven
+// by a file the daemon reads again whenever it changes: UBIQUITYFS_FAULT_FILE). The caller
+// gets the store's errno, no version is torn or lost, the daemon keeps serving, and what a
+// failed publish wrote is collected, not leaked.
+
+import Foundation
+import Glibc
+import XCTest
+
+final class FaultMountTests: MountTestCase {
+    private var faultFile: String { workDir + "/faults" }
+
+    override var environment: [String: String] {
+        var env = super.environment
+        env["UBIQUITYFS_FAULT_FILE"] = faultFile
+        return env
+    }
+
+    /// Puts `lines` in force and waits until the daemon says it read them.
+    private func faults(_ lines: String..., file: StaticString = #filePath, line: UInt = #line) {
+        let text = lines.joined(separator: "\n")
+        XCTAssertTrue(FileManager.default.createFile(atPath: faultFile, contents: Data((text + "\n").utf8)), file: file, line: line)
+        guard isMounted(mountPoint) else { return }   // a daemon starting reads them first
+        eventually("the daemon reads the faults '\(text)'", file: file, line: line) {
+            self.daemonLogTail(lines: 20).contains("fault injection: now " + lines.joined(separator: "; ") + "\n")
+        }
+    }
+
+    private var d: String { docs("SugoiApp") }
+
+    private func status(_ path: String) -> String? { try? Posix.getxattr(path, "user.ubiquity.status").get() }
+
+    func testAFailedPublishKeepsTheWorkingCopyAndTheLastVersion() throws {
+        faults()
+        try mount()
+        XCTAssertEqual(Posix.writeFile(d + "/doc.txt", "version one\n"), 0)
+        // The chunk write fails: close says EIO, the new bytes stay readable here, unpublished.
+        faults("blobWrite EIO")
+        XCTAssertEqual(Posix.writeFile(d + "/doc.txt", "version two, longer\n"), EIO)
+        XCTAssertEqual(Posix.readText(d + "/doc.txt"), "version two, longer\n", "the working copy is kept")
+        XCTAssertEqual(status(d + "/doc.txt"), "pending")
+        // The commit fails after the chunks were written: the same.
+        faults("commit EIO next 1")
+        XCTAssertEqual(Posix.writeFile(d + "/other.txt", "x"), EIO, "the create's commit failed")
+        XCTAssertFalse(Posix.exists(d + "/other.txt"), "a failed create leaves nothing")
+        XCTAssertEqual(ls(d), ["doc.txt"])
+        faults("commit ENOSPC")
+        assertErrno(ENOSPC, "mkdir on a full store") { mkdir(d + "/Folder", 0o755) }
+        assertErrno(ENOSPC, "rename on a full store") { rename(d + "/doc.txt", d + "/renamed.txt") }
+        XCTAssertEqual(ls(d), ["doc.txt"], "nothing changed")
+        // Faults gone: the idle publish makes the kept copy the current version; the history has
+        // both whole versions and nothing torn.
+        faults()
+        eventually("the kept copy is published") { self.status(self.d + "/doc.txt") == "current" }
+        let versions = ubiquityfs(["versions", d + "/doc.txt"])
+        let sizes = versions.lines.dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true)[3] }
+        XCTAssertEqual(sizes, ["12", "20"], versions.stdout)
+        XCTAssertEqual(Posix.readText(d + "/doc.txt"), "version two, longer\n")
+        try unmount()
+        assertStoreWhole()
+    }
+
+    /// A publish of a 3 MiB file whose second chunk write fails: the file stays its previous
+    /// version for every reader of the store, the first chunk (written, then orphaned) is
+    /// collected later, never named by a version.
+    func testAFailureInTheMiddleOfAPublish() throws {
+        faults()
+        try mount()
+        let second = workDir + "/mnt2"
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        assertShell("head -c 3000000 /dev/urandom > \(shellQuote(d + "/big.bin"))")
+        let before = sh("sha256sum < \(shellQuote(d + "/big.bin"))").stdout
+        faults("blobWrite EIO from 2")   // the first chunk lands, every later one fails
+        let rewrite = sh("head -c 3000000 /dev/urandom > \(shellQuote(d + "/big.bin"))")
+        XCTAssertFalse(rewrite.succeeded, "the close reports the failed publish")
+        let written = sh("sha256sum < \(shellQuote(d + "/big.bin"))").stdout
+        XCTAssertNotEqual(written, before, "the new bytes are in the working copy here")
+        try mount(at: second)
+        XCTAssertEqual(sh("sha256sum < \(shellQuote(second + "/SugoiApp/big.bin"))").stdout, before,
+                       "another mount of the store reads the last whole version (the new bytes are \(written))")
+        faults()
+        eventually("the kept copy is published") { self.status(self.d + "/big.bin") == "current" }
+        eventually("the other mount reads the new version") {
+            self.sh("sha256sum < \(shellQuote(second + "/SugoiApp/big.bin"))").stdout == written
+        }
+        try unmount(at: second)
+        try unmount()
+        let fsck = ubiquityfs(["fsck", "--store", storeDir, "--full"])
+        XCTAssertEqual(fsck.status, 0, "\(fsck)")
+    }
+
+    /// Slow store calls: a create whose commit takes 3 s, while reads and listings of other
+    /// files go on being answered.
+    func testTheDaemonKeepsServingWhileAStoreCallIsSlow() throws {
+        faults()
+        try mount()
+        XCTAssertEqual(Posix.writeFile(d + "/steady.txt", "steady\n"), 0)
+        faults("commit delay 3000")
+        let slow = try BackgroundProcess(["sh", "-c", "echo slow > \(shellQuote(d + "/slow.txt")); echo done > \(shellQuote(workDir + "/slow.done"))"],
+                                         environment: environment, log: workDir + "/slow.out")
+        defer { slow.stop() }
+        usleep(300_000)
+        var reads = 0
+        while !Posix.exists(workDir + "/slow.done") && reads < 10_000 {
+            XCTAssertEqual(Posix.readText(d + "/steady.txt"), "steady\n")
+            XCTAssertTrue(ls(d).contains("steady.txt"))
+            reads += 1
+        }
+        XCTAssertGreaterThan(reads, 10, "reads and listings were answered while the commit was slow")
+        eventually("the slow create ends", seconds: 30) { !slow.isRunning }
+        faults()
+        XCTAssertEqual(Posix.readText(d + "/slow.txt"), "slow\n")
+        try unmount()
+        assertStoreWhole()
+    }
+}
