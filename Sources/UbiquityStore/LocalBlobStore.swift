@@ -151,7 +151,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
             var id: BlobID = 0
             while id == 0 { id = generator.next() }
             let temp = tempPath + "/" + Self.hex16(id)
-            let fd = retryEINTR { open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
+            let fd = retryEINTR { open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
             if fd < 0 {
                 if errno == EEXIST { continue }
                 throw systemError("create", temp, errno)
@@ -187,7 +187,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
     /// file of that id. Not synced: a cache's copy that a power cut loses is fetched again.
     package func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
         let temp = tempPath + "/" + Self.hex16(id) + "." + Self.hex16(UInt64.random(in: 1...UInt64.max))
-        let fd = retryEINTR { open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600) }
+        let fd = retryEINTR { open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if fd < 0 { throw systemError("create", temp, errno) }
         do throws(StoreError) {
             try pwriteFully(fd, bytes, at: 0, path: temp)
@@ -224,7 +224,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
     private func openForReading(_ blob: BlobID) throws(StoreError) -> CachedFD {
         if let handle = cacheMutex.withLock({ cache.get(blob) }) { return handle }
         let file = path(of: blob)
-        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC) }
+        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         if fd < 0 { throw systemError("open blob", file, errno) }
         let fresh = CachedFD(fd)
         // If another thread cached it meanwhile, use theirs; `fresh` closes on release.
@@ -270,7 +270,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
     public func verify(_ ref: ChunkRef) -> Bool {
         if ref.isHole { return true }
         let file = path(of: ref.blob)
-        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC) }
+        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         if fd < 0 { return false }
         defer { close(fd) }
         var st = stat()

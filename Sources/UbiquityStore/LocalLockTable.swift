@@ -55,7 +55,7 @@ public final class LocalLockTable: LockTable, @unchecked Sendable {
         let path = directory + "/locks"
         if try makeDirectory(path) { try fsyncDirectory(directory) }
         let lockPath = path + "/.folder"
-        let fd = retryEINTR { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        let fd = retryEINTR { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if fd < 0 { throw systemError("open", lockPath, errno) }
         if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 {
             Self.clear(path)
@@ -84,7 +84,7 @@ public final class LocalLockTable: LockTable, @unchecked Sendable {
 
     private func openLockFile(_ node: InodeNumber) throws(StoreError) -> Int32 {
         let path = "\(directory)/\(node)"
-        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if fd < 0 { throw systemError("open", path, errno) }
         return fd
     }

@@ -145,7 +145,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     /// Create `folder/lock` and hold an exclusive flock on it.
     private static func lockFolder(_ folder: String) throws(StoreError) -> Int32 {
         let path = folder + "/lock"
-        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if fd < 0 { throw systemError("create", path, errno) }
         if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) != 0 {
             let code = errno
@@ -164,9 +164,9 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         // keeps its own (and its remove() won't touch the new ones).
         _ = retryEINTR { unlink(data) }
         _ = retryEINTR { unlink(map) }
-        let dataFD = retryEINTR { open(data, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
+        let dataFD = retryEINTR { open(data, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if dataFD < 0 { throw systemError("create", data, errno) }
-        let mapFD = retryEINTR { open(map, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
+        let mapFD = retryEINTR { open(map, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if mapFD < 0 {
             let code = errno
             close(dataFD)
@@ -194,7 +194,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         // another daemon holds it, that one is recovering them.
         if mutex.withLock({ recoveryLock < 0 }) {
             let path = rootPath + "/recovery.lock"
-            let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+            let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
             if fd < 0 { throw systemError("create", path, errno) }
             if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 {
                 mutex.withLock { recoveryLock = fd }
@@ -217,7 +217,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             }
             var st = stat()
             guard lstat(folder, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { continue }
-            let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC) }
+            let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
             if fd < 0 {
                 // A folder without its lock: a daemon that died while making it, or one making
                 // it right now; only an old one is taken.
@@ -253,7 +253,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         for name in names where name.hasPrefix("d-") {
             let folder = rootPath + "/" + name
             guard folder != workPath, !taken.contains(folder) else { continue }
-            let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC) }
+            let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
             guard fd >= 0 else { continue }
             defer { close(fd) }
             // Probe with a shared lock: fails only while its daemon holds the exclusive one.
@@ -329,9 +329,9 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     /// Opens a leftover pair; nil when malformed.
     private func recover(_ ino: InodeNumber, in folder: String) -> RecoveredWork? {
         let data = Self.dataPath(folder, ino), map = Self.mapPath(folder, ino)
-        let dataFD = retryEINTR { open(data, O_RDWR | O_CLOEXEC) }
+        let dataFD = retryEINTR { open(data, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
         guard dataFD >= 0 else { return nil }
-        let mapFD = retryEINTR { open(map, O_RDWR | O_CLOEXEC) }
+        let mapFD = retryEINTR { open(map, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
         guard mapFD >= 0 else { close(dataFD); return nil }
         var dataStat = stat(), mapStat = stat()
         guard retryEINTR({ fstat(dataFD, &dataStat) }) == 0, retryEINTR({ fstat(mapFD, &mapStat) }) == 0,

@@ -57,6 +57,30 @@ final class IsolationTests: MountTestCase {
         try unmount()
     }
 
+    /// A chunk file of the store replaced by a symlink (someone with access to the store's
+    /// folder) is not followed: the read fails with EIO and nothing of the link's target shows.
+    func testASymlinkPlantedInTheStoreIsNotFollowed() throws {
+        try mount()
+        let path = docs("SugoiApp") + "/doc.txt"
+        XCTAssertEqual(Posix.writeFile(path, "the document\n"), 0)
+        try unmount()
+        let all = sh("find \(shellQuote(storeDir + "/blobs")) -type f -not -path '*/.tmp/*'").lines
+        let blob = try XCTUnwrap(all.first { (try? Data(contentsOf: URL(fileURLWithPath: $0))) == Data("the document\n".utf8) })
+        let outside = workDir + "/outside.txt"
+        XCTAssertEqual(Posix.writeFile(outside, "not the store's\n"), 0)
+        XCTAssertEqual(unlink(blob), 0)
+        XCTAssertEqual(symlink(outside, blob), 0)
+        try mount()
+        let fd = Posix.open(path, O_RDONLY)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        let read = Posix.pread(fd, count: 100, at: 0)
+        let code = errno
+        close(fd)
+        XCTAssertNil(read, "read \(read.map { String(decoding: $0, as: UTF8.self) } ?? "")")
+        XCTAssertEqual(code, EIO)
+        try unmount()
+    }
+
     /// A handle names a node by its number; the drive view's kernel never holds a private
     /// container's nodes, so a handle made up for one opens nothing, while a real handle of a
     /// shown file opens it.
