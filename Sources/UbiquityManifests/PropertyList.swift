@@ -78,12 +78,20 @@ func readPropertyList(_ bytes: [UInt8]) throws(PlistReadError) -> (PlistValue, P
 
 /// Builds a `PlistValue` from `XMLParser` events (Apple's PropertyList-1.0 DTD).
 final class XMLPlistReader: NSObject, XMLParserDelegate {
+    /// What a frame is building. A class, so appending happens in place: as an enum payload the
+    /// array or text was copied at each append while the stack still held it, which made wide
+    /// arrays, dictionaries and long texts quadratic (200,000 entries took minutes).
+    private final class Building<T> {
+        var value: T
+        init(_ value: T) { self.value = value }
+    }
+
     private enum Frame {
         case plist(PlistValue?)
-        case dictionary([(key: String, value: PlistValue)], pendingKey: String?)
-        case array([PlistValue])
-        case text(element: String, String)        // key, string, integer, real, date, data
-        case empty(element: String)               // true, false
+        case dictionary(Building<[(key: String, value: PlistValue)]>, pendingKey: String?)
+        case array(Building<[PlistValue]>)
+        case text(element: String, Building<String>)   // key, string, integer, real, date, data
+        case empty(element: String)                    // true, false
     }
 
     private var stack: [Frame] = []
@@ -174,10 +182,10 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
                         fix: "an Info.plist nests a few levels; remove the deep nesting")
         }
         switch elementName {
-        case "dict": stack.append(.dictionary([], pendingKey: nil))
-        case "array": stack.append(.array([]))
+        case "dict": stack.append(.dictionary(Building([]), pendingKey: nil))
+        case "array": stack.append(.array(Building([])))
         case "true", "false": stack.append(.empty(element: elementName))
-        default: stack.append(.text(element: elementName, ""))
+        default: stack.append(.text(element: elementName, Building("")))
         }
     }
 
@@ -191,8 +199,8 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
 
     private func appendText(_ string: String) {
         guard failure == nil, let top = stack.last else { return }
-        if case .text(let element, let text) = top {
-            stack[stack.count - 1] = .text(element: element, text + string)
+        if case .text(_, let text) = top {
+            text.value += string
         } else if !string.allSatisfy({ $0.isWhitespace }) {
             let shown = string.trimmingCharacters(in: .whitespacesAndNewlines)
             fail("stray text \(quoted(String(shown.prefix(40)))) outside a value element")
@@ -208,12 +216,13 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
             return
         case .dictionary(let entries, let pending):
             if let pending { return fail("the key \(quoted(pending)) has no value") }
-            value = .dictionary(entries)
+            value = .dictionary(entries.value)
         case .array(let items):
-            value = .array(items)
+            value = .array(items.value)
         case .empty(let element):
             value = .bool(element == "true")
-        case .text(let element, let text):
+        case .text(let element, let building):
+            let text = building.value
             switch element {
             case "key":
                 guard case .dictionary(let entries, nil)? = stack.last else { return fail("misplaced <key>") }
@@ -243,12 +252,11 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
         switch stack.last {
         case nil: result = value
         case .plist?: stack[stack.count - 1] = .plist(value)
-        case .dictionary(var entries, let pending?)?:
-            entries.append((key: pending, value: value))
+        case .dictionary(let entries, let pending?)?:
+            entries.value.append((key: pending, value: value))
             stack[stack.count - 1] = .dictionary(entries, pendingKey: nil)
-        case .array(var items)?:
-            items.append(value)
-            stack[stack.count - 1] = .array(items)
+        case .array(let items)?:
+            items.value.append(value)
         default: fail("misplaced value")
         }
     }

@@ -166,6 +166,20 @@ final class BadInputTests: XCTestCase {
         XCTAssertNil(invalidUTF8(Array("Café ☕ 𝄞".utf8)))
     }
 
+    // MARK: Found by fuzzing (FuzzTests)
+
+    func testWideXMLIsReadInLinearTime() {
+        // Each append copied the whole array or text (a copy stayed on the reader's stack), so these
+        // took minutes; libxml2 hands over text in pieces, one per entity reference.
+        let entries = (0..<100_000).map { "<key>k\($0)</key><true/>" }.joined()
+        let items = "<key>Wide</key><array>" + String(repeating: "<true/>", count: 100_000) + "</array>"
+        let text = "<key>Long</key><string>" + String(repeating: "&amp;", count: 300_000) + "</string>"
+        let started = Date()
+        let load = loadOne(appXML(extra: entries + items + text))
+        XCTAssertEqual(load.manifests.count, 1, "\(load.diagnostics.prefix(3))")
+        XCTAssertLessThan(Date().timeIntervalSince(started), 5)
+    }
+
     // MARK: Required keys and types
 
     func testMissingBundleIdentifier() {
