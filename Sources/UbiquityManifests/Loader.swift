@@ -98,14 +98,14 @@ public func loadManifests(directory: String) -> ManifestLoad {
         if let owner = bundleOwners[manifest.bundleIdentifier] {
             diagnostics.append(Diagnostic(
                 severity: .error, file: path, key: Keys.bundleIdentifier,
-                message: "\(manifest.bundleIdentifier) is already declared by \(owner), so this manifest is left out",
+                message: "\(oneLine(manifest.bundleIdentifier).text) is already declared by \(owner), so this manifest is left out",
                 fix: "give each app its own bundle identifier, or remove one of the two manifests"))
             continue
         }
         if let clash = manifest.containers.first(where: { containerOwners[$0.identifier] != nil }) {
             diagnostics.append(Diagnostic(
                 severity: .error, file: path, key: "\(Keys.containers).\(clash.identifier)",
-                message: "\(clash.identifier) is already declared by \(containerOwners[clash.identifier]!), so this manifest is left out",
+                message: "\(oneLine(clash.identifier).text) is already declared by \(containerOwners[clash.identifier]!), so this manifest is left out",
                 fix: "declare each container in one manifest only"))
             continue
         }

@@ -214,17 +214,18 @@ struct ManifestParser {
 
     private mutating func checkIdentifier(_ identifier: String, bundleID: String, keyPath: String) -> Bool {
         let expected = "iCloud." + bundleID
-        let fix = "use \(expected) (write it as iCloud.$(PRODUCT_BUNDLE_IDENTIFIER)) or \(expected).<suffix>"
+        let shown = oneLine(expected).text   // a valid bundle identifier can still be megabytes long
+        let fix = "use \(shown) (write it as iCloud.$(PRODUCT_BUNDLE_IDENTIFIER)) or \(shown).<suffix>"
         let id = identifier.utf8
         if id.elementsEqual(expected.utf8) { return true }
         if id.starts(with: (expected + ".").utf8) {
             let suffix = Substring(identifier).utf8.dropFirst(expected.utf8.count + 1)
             if isValidReverseDNS(suffix) { return true }
-            error(keyPath, "\(quoted(identifier)) has an invalid suffix after \(expected).",
-                  "use letters, digits and hyphens in dot-separated parts, e.g. \(expected).Shared")
+            error(keyPath, "\(quoted(identifier)) has an invalid suffix after \(shown).",
+                  "use letters, digits and hyphens in dot-separated parts, e.g. \(shown).Shared")
             return false
         }
-        error(keyPath, "\(quoted(identifier)) does not match the bundle identifier \(bundleID)", fix)
+        error(keyPath, "\(quoted(identifier)) does not match the bundle identifier \(oneLine(bundleID).text)", fix)
         return false
     }
 
@@ -411,16 +412,17 @@ struct ManifestParser {
             let parts = reference.split(separator: ":", omittingEmptySubsequences: false)
             let name = parts[0]
             guard Self.isVariableName(name) else {
-                error(key, "\(quoted(value)) has $(\(reference)), which is not a build-setting reference",
+                error(key, "\(quoted(value)) has $(\(oneLine(reference).text)), which is not a build-setting reference",
                       "write $(NAME) with a name of letters, digits and underscores, e.g. $(PRODUCT_BUNDLE_IDENTIFIER)")
                 return nil
             }
             for modifier in parts.dropFirst() where !Self.modifiers.contains(String(modifier)) {
-                error(key, "\(quoted(value)) uses the unsupported modifier :\(modifier) in $(\(reference))",
+                error(key, "\(quoted(value)) uses the unsupported modifier :\(oneLine(modifier).text) in $(\(oneLine(reference).text))",
                       "use one of :\(Self.modifiers.joined(separator: ", :")), or write the value literally")
                 return nil
             }
             let variable = String(name)
+            let shown = oneLine(variable).text   // names may be megabytes long
             let target = Self.variableKey(variable)
             var substitution: String
             switch resolveTopKey(target, stack: stack) {
@@ -430,13 +432,13 @@ struct ManifestParser {
                 return nil
             case .cycle(let chain):
                 if chain.count == 2 {
-                    let via = target == variable ? "" : " (\(variable) is \(target))"
-                    error(key, "\(quoted(value)) refers to itself through $(\(variable))\(via)",
+                    let via = target == variable ? "" : " (\(shown) is \(target))"
+                    error(key, "\(quoted(value)) refers to itself through $(\(shown))\(via)",
                           key == Keys.bundleIdentifier
                             ? "write the literal bundle identifier, as a built app's Info.plist has it, e.g. com.example.App"
                             : "write the value literally")
                 } else {
-                    error(key, "\(quoted(value)) refers back to itself: \(chain.joined(separator: " → "))",
+                    error(key, "\(quoted(value)) refers back to itself: \(chain.map { oneLine($0).text }.joined(separator: " → "))",
                           "write one of these values literally")
                 }
                 return nil
@@ -448,14 +450,14 @@ struct ManifestParser {
                     error(key, "\(quoted(value)) uses $(PRODUCT_NAME), but the manifest has no CFBundleName",
                           "add CFBundleName or write the value literally")
                 default:
-                    error(key, "\(quoted(value)) uses the unknown build setting $(\(variable))",
-                          "use $(PRODUCT_BUNDLE_IDENTIFIER) or $(PRODUCT_NAME), add a top-level string key \(variable), or write the value literally")
+                    error(key, "\(quoted(value)) uses the unknown build setting $(\(shown))",
+                          "use $(PRODUCT_BUNDLE_IDENTIFIER) or $(PRODUCT_NAME), add a top-level string key \(shown), or write the value literally")
                 }
                 return nil
             case .notString(let type):
                 if target == Keys.bundleIdentifier || target == Keys.bundleName { return nil }   // reported at that key
-                error(key, "\(quoted(value)) uses $(\(variable)), but the top-level \(variable) is \(type), not a string",
-                      "make \(variable) a string or write the value literally")
+                error(key, "\(quoted(value)) uses $(\(shown)), but the top-level \(shown) is \(type), not a string",
+                      "make \(shown) a string or write the value literally")
                 return nil
             }
             for modifier in parts.dropFirst() { substitution = Self.apply(String(modifier), to: substitution) }

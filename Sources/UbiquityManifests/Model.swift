@@ -97,8 +97,9 @@ public struct Diagnostic: Sendable, Equatable, CustomStringConvertible {
 
     /// One line: "FILE: error: KEY: what is wrong; what to do" (no key part when key is nil).
     public var description: String {
-        var line = "\(file): \(severity.rawValue): "
-        if let key { line += "\(key): " }
+        // Key paths hold the manifest's own keys, which may hold line breaks or be megabytes long.
+        var line = "\(oneLine(file, limit: .max).text): \(severity.rawValue): "
+        if let key { line += "\(oneLine(key).text): " }
         line += message
         if !fix.isEmpty { line += "; \(fix)" }
         return line

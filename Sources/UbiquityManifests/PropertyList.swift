@@ -155,7 +155,7 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
             return
         }
         guard Self.valueElements.contains(elementName) else {
-            return fail("unknown element <\(elementName)>")
+            return fail("unknown element <\(oneLine(elementName).text)>")
         }
         // Where may this element go?
         switch stack.last {
@@ -519,24 +519,40 @@ struct BinaryPlistReader {
 
 // MARK: - Quoting for messages
 
-/// A value quoted for a one-line message: `"a\nb"` with control characters escaped.
-func quoted(_ s: String) -> String {
-    var out = "\""
+/// The most of a value (in UTF-8 bytes) that a message shows: a manifest's value can be megabytes
+/// long, and a diagnostic must stay one readable line.
+let maximumShownBytes = 300
+
+/// `s` for a one-line message: control characters and line breaks escaped (and `"` when it goes
+/// between quotes), cut with "…" after about `limit` bytes. `cut` says whether it was.
+func oneLine<S: StringProtocol>(_ s: S, limit: Int = maximumShownBytes, quoting: Bool = false) -> (text: String, cut: Bool) {
+    var out = ""
+    var shown = 0
     for scalar in s.unicodeScalars {
+        if shown >= limit { return (out + "…", true) }
+        shown += UTF8.width(scalar)
         switch scalar {
-        case "\"": out += "\\\""
-        case "\\": out += "\\\\"
+        case "\"" where quoting: out += "\\\""
+        case "\\" where quoting: out += "\\\\"
         case "\n": out += "\\n"
         case "\t": out += "\\t"
         case "\r": out += "\\r"
         case "\0": out += "\\0"
         default:
-            if scalar.value < 0x20 || scalar.value == 0x7F {
+            // C0 and C1 controls, DEL, and the Unicode line and paragraph separators.
+            if scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028 || scalar.value == 0x2029 {
                 out += "\\u{\(String(scalar.value, radix: 16))}"
             } else {
                 out.unicodeScalars.append(scalar)
             }
         }
     }
-    return out + "\""
+    return (out, false)
+}
+
+/// A value quoted for a one-line message: `"a\nb"` with control characters escaped; a long value is
+/// cut and its length given: `"aaa…" (1000000 bytes)`.
+func quoted(_ s: String) -> String {
+    let (text, cut) = oneLine(s, quoting: true)
+    return "\"" + text + "\"" + (cut ? " (\(s.utf8.count) bytes)" : "")
 }

@@ -24,7 +24,7 @@ public func register(previous: [Registration], manifests: [AppManifest], applyCh
             if let other = declaredBy[container.identifier] {
                 diagnostics.append(Diagnostic(
                     severity: .error, file: manifest.path, key: keyPath,
-                    message: "\(container.identifier) is also declared by \(other), which keeps it; this declaration is ignored",
+                    message: "\(oneLine(container.identifier).text) is also declared by \(other), which keeps it; this declaration is ignored",
                     fix: "declare each container in one manifest only"))
                 continue
             }
@@ -49,10 +49,12 @@ public func register(previous: [Registration], manifests: [AppManifest], applyCh
                 r.settings = container.settings
                 r.registeredVersion = manifest.bundleVersion
             } else if r.settings != container.settings {
+                // Versions and identifiers may be megabytes long: messages show them cut.
+                let (current, registered) = (oneLine(manifest.bundleVersion).text, oneLine(r.registeredVersion).text)
                 let version = order == 0
-                    ? "CFBundleVersion is still \(manifest.bundleVersion)"
-                    : "CFBundleVersion \(manifest.bundleVersion) is lower than the registered \(r.registeredVersion)"
-                let fix = "raise CFBundleVersion above \(r.registeredVersion) (or pass --apply-manifest-changes)"
+                    ? "CFBundleVersion is still \(current)"
+                    : "CFBundleVersion \(current) is lower than the registered \(registered)"
+                let fix = "raise CFBundleVersion above \(registered) (or pass --apply-manifest-changes)"
                 for (key, old, new) in changes(from: r.settings, to: container.settings) {
                     diagnostics.append(Diagnostic(
                         severity: .warning, file: manifest.path, key: "\(keyPath).\(key)",
@@ -93,8 +95,8 @@ public func register(previous: [Registration], manifests: [AppManifest], applyCh
             let r = registrations[loser]
             diagnostics.append(Diagnostic(
                 severity: .error, file: r.manifestPath, key: "\(Keys.containers).\(r.identifier).\(Keys.name)",
-                message: "\(quoted(r.settings.name)) is already the name of \(winner.identifier) from \(winner.manifestPath), which keeps it; \(r.identifier) is not mounted",
-                fix: "give one of them another NSUbiquitousContainerName and raise that manifest's CFBundleVersion (here above \(r.registeredVersion))"))
+                message: "\(quoted(r.settings.name)) is already the name of \(oneLine(winner.identifier).text) from \(winner.manifestPath), which keeps it; \(oneLine(r.identifier).text) is not mounted",
+                fix: "give one of them another NSUbiquitousContainerName and raise that manifest's CFBundleVersion (here above \(oneLine(r.registeredVersion).text))"))
         }
     }
     return RegistrationResult(registrations: registrations, diagnostics: diagnostics)

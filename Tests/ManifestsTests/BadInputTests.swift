@@ -180,6 +180,28 @@ final class BadInputTests: XCTestCase {
         XCTAssertLessThan(Date().timeIntervalSince(started), 5)
     }
 
+    func testLongValuesAreCutInMessages() {
+        // Messages quoted whole values: a 1 MB identifier made a 1 MB line.
+        let id = String(repeating: "a b ", count: 250_000)
+        assertLines(appXML(id: id, containers: containerXML("iCloud.com.x.Foo")), [
+            "Bad.plist: error: CFBundleIdentifier: \"\(id.prefix(300))…\" (1000000 bytes) is not a valid bundle identifier; use letters, digits, hyphens and dots in reverse-DNS form, e.g. com.example.App",
+        ])
+        let element = String(repeating: "x", count: 40_000)
+        let (diagnostics, _) = loadBad(plistXML("<key>A</key><\(element)/>"))
+        XCTAssertEqual(diagnostics.map(\.message), ["the file is not a valid XML property list: unknown element <\(element.prefix(300))…> at line 5"])
+    }
+
+    func testLineBreaksInKeysAndReferencesStayEscaped() {
+        // Key paths and $(…) references were put in the line as written, line breaks included.
+        let (diagnostics, dir) = loadBad(appXML(containers: containerXML("iCloud.com.x.Foo\nEvil", settingsXML(extra: "<key>Odd\u{2028}Key</key><true/>"))
+            + containerXML("iCloud.com.x.Foo.B", settingsXML(name: "<string>$(PRODUCT_NAME:lo\nwer)</string>"))))
+        XCTAssertEqual(lines(diagnostics, in: dir), [
+            "Bad.plist: error: NSUbiquitousContainers.iCloud.com.x.Foo\\nEvil: \"iCloud.com.x.Foo\\nEvil\" does not match the bundle identifier com.x.Foo; use iCloud.com.x.Foo (write it as iCloud.$(PRODUCT_BUNDLE_IDENTIFIER)) or iCloud.com.x.Foo.<suffix>",
+            "Bad.plist: warning: NSUbiquitousContainers.iCloud.com.x.Foo\\nEvil.Odd\\u{2028}Key: is not a container setting and is ignored; remove it or correct the spelling (NSUbiquitousContainerIsDocumentScopePublic, NSUbiquitousContainerName, NSUbiquitousContainerSupportedFolderLevels)",
+            "Bad.plist: error: NSUbiquitousContainers.iCloud.com.x.Foo.B.NSUbiquitousContainerName: \"$(PRODUCT_NAME:lo\\nwer)\" uses the unsupported modifier :lo\\nwer in $(PRODUCT_NAME:lo\\nwer); use one of :rfc1034identifier, :c99extidentifier, :identifier, :lower, :upper, or write the value literally",
+        ])
+    }
+
     // MARK: Required keys and types
 
     func testMissingBundleIdentifier() {
