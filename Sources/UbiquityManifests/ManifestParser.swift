@@ -20,10 +20,12 @@ enum Keys {
 func folderNameProblem(_ name: String) -> (problem: String, fix: String)? {
     let bytes = name.utf8.count
     if name.isEmpty { return ("is empty, which cannot be a folder name", "give the container a name, e.g. the app's name") }
+    // The length first: it costs nothing, while scanning a megabytes-long CFBundleName for each of
+    // thousands of containers that default to it would take minutes.
+    if bytes > 255 { return ("is \(bytes) bytes long in UTF-8; a folder name holds at most 255", "shorten it") }
     if name == "." || name == ".." { return ("\(quoted(name)) cannot be a folder name", "choose another name") }
     if name.utf8.contains(0) { return ("\(quoted(name)) contains a NUL character, which cannot be in a folder name", "remove it") }
     if name.utf8.contains(UInt8(ascii: "/")) { return ("\(quoted(name)) contains \"/\", which cannot be in a folder name", "choose a name without \"/\"") }
-    if bytes > 255 { return ("is \(bytes) bytes long in UTF-8; a folder name holds at most 255", "shorten it") }
     return nil
 }
 
@@ -36,6 +38,12 @@ func isValidReverseDNS(_ s: Substring.UTF8View) -> Bool {
         }
     }
 }
+
+/// How deep `$(NAME)` references may nest: a value referring to a key whose value refers to another...
+let maximumReferenceNesting = 32
+
+/// The longest value `$(NAME)` expansion may build.
+let maximumExpandedBytes = 4096
 
 struct ManifestParser {
     let path: String
@@ -424,6 +432,13 @@ struct ManifestParser {
             let variable = String(name)
             let shown = oneLine(variable).text   // names may be megabytes long
             let target = Self.variableKey(variable)
+            // Each nested reference is a level of recursion: a chain through 100,000 keys overflowed
+            // the stack. An Info.plist nests one or two.
+            guard stack.count < maximumReferenceNesting else {
+                error(key, "\(quoted(value)) is reached through more than \(maximumReferenceNesting) nested $(…) references, starting at \(oneLine(stack[0]).text)",
+                      "write one of the values on the way literally")
+                return nil
+            }
             var substitution: String
             switch resolveTopKey(target, stack: stack) {
             case .value(let v):
@@ -458,6 +473,13 @@ struct ManifestParser {
                 if target == Keys.bundleIdentifier || target == Keys.bundleName { return nil }   // reported at that key
                 error(key, "\(quoted(value)) uses $(\(shown)), but the top-level \(shown) is \(type), not a string",
                       "make \(shown) a string or write the value literally")
+                return nil
+            }
+            // References repeated at each level double the length per level (2^64 bytes from 64 keys),
+            // and copying a long value into each of thousands of containers takes minutes.
+            guard out.utf8.count + substitution.utf8.count <= maximumExpandedBytes else {
+                error(key, "\(quoted(value)) expands to more than \(maximumExpandedBytes) bytes",
+                      "write the value literally; an identifier, name or version is a few hundred bytes at most")
                 return nil
             }
             for modifier in parts.dropFirst() { substitution = Self.apply(String(modifier), to: substitution) }

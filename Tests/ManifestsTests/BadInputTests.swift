@@ -202,6 +202,41 @@ final class BadInputTests: XCTestCase {
         ])
     }
 
+    func testLongReferenceChainIsRefused() {
+        // Each nested $(…) reference was a level of recursion: a chain through 100,000 keys crashed
+        // with a stack overflow.
+        let chain = (0..<100_000).map { "<key>K\($0)</key><string>$(K\($0 + 1))</string>" }.joined() + "<key>K100000</key><string>end</string>"
+        assertLines(appXML(name: "$(K0)", extra: chain), [
+            "Bad.plist: error: K30: \"$(K31)\" is reached through more than 32 nested $(…) references, starting at CFBundleName; write one of the values on the way literally",
+        ])
+        // A short chain is fine.
+        let short = (0..<10).map { "<key>K\($0)</key><string>$(K\($0 + 1))</string>" }.joined() + "<key>K10</key><string>Foo</string>"
+        XCTAssertEqual(loadOne(appXML(name: "$(K0)", extra: short)).manifests.first?.bundleName, "Foo")
+    }
+
+    func testDoublingReferencesAreRefused() {
+        // Each key refers to the next one twice: 2^31 bytes from 30 keys, built in memory.
+        let keys = (0..<30).map { "<key>K\($0)</key><string>$(K\($0 + 1))$(K\($0 + 1))</string>" }.joined() + "<key>K30</key><string>ab</string>"
+        assertLines(appXML(name: "$(K0)", extra: keys), [
+            "Bad.plist: error: K18: \"$(K19)$(K19)\" expands to more than 4096 bytes; write the value literally; an identifier, name or version is a few hundred bytes at most",
+        ])
+    }
+
+    func testThousandsOfContainersWithAHugeBundleName() {
+        // Each container defaulting to (or referring to) a 2 MB CFBundleName scanned or copied it:
+        // 10,000 containers took minutes.
+        let name = String(repeating: "n", count: 2_000_000)
+        let defaulted = (0..<10_000).map { "<key>iCloud.com.x.Foo.C\($0)</key><dict/>" }.joined()
+        let referring = (0..<10_000).map { "<key>iCloud.com.x.Foo.R\($0)</key><dict><key>NSUbiquitousContainerName</key><string>$(PRODUCT_NAME)</string></dict>" }.joined()
+        let started = Date()
+        let (diagnostics, dir) = loadBad(appXML(name: name, containers: defaulted + referring))
+        XCTAssertLessThan(Date().timeIntervalSince(started), 5)
+        let errors = lines(diagnostics.filter { $0.severity == .error }, in: dir)
+        XCTAssertEqual(errors.count, 20_000)
+        XCTAssertEqual(errors.first, "Bad.plist: error: NSUbiquitousContainers.iCloud.com.x.Foo.C0.NSUbiquitousContainerName: is missing, and the default from CFBundleName is 2000000 bytes long in UTF-8; a folder name holds at most 255; set NSUbiquitousContainerName to a valid folder name")
+        XCTAssertEqual(errors.last, "Bad.plist: error: NSUbiquitousContainers.iCloud.com.x.Foo.R9999.NSUbiquitousContainerName: \"$(PRODUCT_NAME)\" expands to more than 4096 bytes; write the value literally; an identifier, name or version is a few hundred bytes at most")
+    }
+
     // MARK: Required keys and types
 
     func testMissingBundleIdentifier() {
