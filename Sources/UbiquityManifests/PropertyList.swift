@@ -356,6 +356,12 @@ struct BinaryPlistReader {
     private var refSize = 0
     private var inProgress: Set<Int> = []
     private var objectsDecoded = 0
+    private var bytesDecoded = 0
+
+    /// Most bytes of strings, data and references read, counting an object each time it is referenced.
+    /// Objects may be shared, so a small file can reference one 4 MB string a million times (terabytes
+    /// to copy). A file without shared objects reads each of its bytes once; shared strings add a little.
+    private var maximumDecodedBytes: Int { min(maximumManifestSize, max(1 << 20, 4 * bytes.count)) }
 
     init(bytes: [UInt8]) { self.bytes = bytes }
 
@@ -395,6 +401,13 @@ struct BinaryPlistReader {
         return v
     }
 
+    private mutating func consume(_ count: Int) throws(PlistReadError) {
+        bytesDecoded += count
+        guard bytesDecoded <= maximumDecodedBytes else {
+            throw bad("its objects, counted each time they are referenced, come to more than \(maximumDecodedBytes) bytes")
+        }
+    }
+
     private func need(_ position: Int, _ count: Int) throws(PlistReadError) {
         guard position >= 0, count >= 0, position <= bytes.count - 32, count <= bytes.count - 32 - position else {
             throw bad("an object runs past the end of the data")
@@ -426,7 +439,12 @@ struct BinaryPlistReader {
         guard depth < maximumPlistNesting else { throw bad("arrays and dictionaries are nested more than \(maximumPlistNesting) levels deep") }
         guard !inProgress.contains(index) else { throw bad("an object contains itself") }
         objectsDecoded += 1
-        guard objectsDecoded <= 1_000_000 else { throw bad("too many objects") }
+        // A shared array or dictionary is decoded each time it is referenced: in a few hundred bytes,
+        // arrays that each reference the next one twice make 2^64 objects. A file without shared
+        // collections follows each of its references once, and has fewer references than bytes.
+        guard objectsDecoded <= min(1_000_000, bytes.count) else {
+            throw bad("its arrays and dictionaries refer to objects more than \(min(1_000_000, bytes.count)) times (shared ones count each time)")
+        }
         var p = offsets[index]
         try need(p, 1)
         let marker = bytes[p]
@@ -460,10 +478,12 @@ struct BinaryPlistReader {
         case 0x4:
             let n = try length(marker: marker, at: &p)
             try need(p, n)
+            try consume(n)
             return .data(Array(bytes[p..<p + n]))
         case 0x5:
             let n = try length(marker: marker, at: &p)
             try need(p, n)
+            try consume(n)
             let slice = bytes[p..<p + n]
             guard slice.allSatisfy({ $0 < 0x80 }) else { throw bad("an ASCII string holds non-ASCII bytes") }
             return .string(String(decoding: slice, as: UTF8.self))
@@ -471,6 +491,7 @@ struct BinaryPlistReader {
             let n = try length(marker: marker, at: &p)
             guard n <= (bytes.count - 32) / 2 else { throw bad("an object runs past the end of the data") }
             try need(p, n * 2)
+            try consume(n * 2)
             var units: [UInt16] = []
             units.reserveCapacity(n)
             for i in 0..<n { units.append(UInt16(bytes[p + 2 * i]) << 8 | UInt16(bytes[p + 2 * i + 1])) }
@@ -491,6 +512,7 @@ struct BinaryPlistReader {
             let n = try length(marker: marker, at: &p)
             guard n <= (bytes.count - 32) / refSize else { throw bad("an object runs past the end of the data") }
             try need(p, n * refSize)
+            try consume(n * refSize)
             inProgress.insert(index)
             defer { inProgress.remove(index) }
             var items: [PlistValue] = []
@@ -500,6 +522,7 @@ struct BinaryPlistReader {
             let n = try length(marker: marker, at: &p)
             guard n <= (bytes.count - 32) / (2 * refSize) else { throw bad("an object runs past the end of the data") }
             try need(p, 2 * n * refSize)
+            try consume(2 * n * refSize)
             inProgress.insert(index)
             defer { inProgress.remove(index) }
             var entries: [(key: String, value: PlistValue)] = []

@@ -122,6 +122,51 @@ final class BinaryPlistTests: XCTestCase {
         }
     }
 
+    // Found by fuzzing (FuzzTests).
+
+    func testObjectSharedAMillionTimesIsRefused() {
+        // An array of 1,000,000 references to one 4 MB string: each reference copied the string
+        // (4 TB) before the reader counted the bytes it reads.
+        func ref(_ k: Int) -> [UInt8] { BinaryPlistWriter.bigEndian(UInt64(k), size: 4) }
+        let refs = Array([[UInt8]](repeating: ref(1), count: 1_000_000).joined())
+        let bytes = bplist([[0xAF, 0x12] + BinaryPlistWriter.bigEndian(1_000_000, size: 4) + refs,
+                            [0x5F, 0x12] + BinaryPlistWriter.bigEndian(4_000_000, size: 4) + Array(repeating: UInt8(ascii: "a"), count: 4_000_000)])
+        let started = Date()
+        let (diagnostics, _) = loadBad(bytes)
+        XCTAssertLessThan(Date().timeIntervalSince(started), 5)
+        XCTAssertEqual(diagnostics.map(\.message), [
+            "the file is not a valid binary property list: its objects, counted each time they are referenced, come to more than 16777216 bytes",
+        ])
+    }
+
+    func testSharedArraysThatDoubleAreRefused() {
+        // 64 arrays, each referring to the next one twice: 2^64 objects in under 1 KB. Decoding stopped
+        // only at a million objects (seconds); now at one per byte of the file.
+        func ref(_ k: Int) -> [UInt8] { BinaryPlistWriter.bigEndian(UInt64(k), size: 4) }
+        let bytes = bplist((0..<64).map { [0xA2] + ref($0 + 1) + ref($0 + 1) } + [[0x51, UInt8(ascii: "x")]])
+        XCTAssertThrowsError(try readPropertyList(bytes)) { error in
+            XCTAssertEqual((error as? PlistReadError)?.message,
+                           "the file is not a valid binary property list: its arrays and dictionaries refer to objects more than \(bytes.count) times (shared ones count each time)")
+        }
+        // Sharing within those limits is fine (writers share equal strings).
+        XCTAssertEqual(try readPropertyList(bplist([[0xA3] + ref(1) + ref(1) + ref(1), [0x51, UInt8(ascii: "x")]])).0,
+                       .array([.string("x"), .string("x"), .string("x")]))
+    }
+
+    /// Objects (references already encoded, 4 bytes) laid out with 4-byte offsets; object 0 is the top.
+    private func bplist(_ objects: [[UInt8]]) -> [UInt8] {
+        var bytes = Array("bplist00".utf8)
+        var offsets: [Int] = []
+        for o in objects {
+            offsets.append(bytes.count)
+            bytes += o
+        }
+        let table = bytes.count
+        for o in offsets { bytes += BinaryPlistWriter.bigEndian(UInt64(o), size: 4) }
+        return bytes + [0, 0, 0, 0, 0, 0, 4, 4] + BinaryPlistWriter.bigEndian(UInt64(objects.count), size: 8)
+            + BinaryPlistWriter.bigEndian(0, size: 8) + BinaryPlistWriter.bigEndian(UInt64(table), size: 8)
+    }
+
     func testRandomCorruptionNeverCrashes() {
         // Flip bytes of a valid manifest many times: every result is a value or an error, never a crash.
         let good = BinaryPlistWriter.write(appValue(containers: [(key: "iCloud.com.x.Foo", value: settingsValue()),
