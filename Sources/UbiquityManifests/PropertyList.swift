@@ -2,6 +2,13 @@ import Foundation
 #if canImport(FoundationXML)
 import FoundationXML
 #endif
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 // A property-list reader that keeps dictionary keys in the order they are written.
 //
@@ -104,12 +111,21 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
             throw PlistReadError(message: bytes.isEmpty ? "the file is empty"
                                                         : "the file holds only white space")
         }
+        let bytes = try utf8Text(bytes)
         // libxml2 reports bad UTF-8 late (at the end of the file) and Foundation's XMLParser traps
         // on it in element names, so find it first, where the bytes are.
         if let bad = invalidUTF8(bytes) {
             let (line, column) = lineAndColumn(of: bad, in: bytes)
             throw PlistReadError(message: "the file is not valid UTF-8: byte 0x\(String(bytes[bad], radix: 16, uppercase: true)) at line \(line), column \(column) is not part of a UTF-8 character",
                                  fix: "save the file as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8), or declare its encoding in <?xml … encoding=\"…\"?>")
+        }
+        let looksLikeXML = bytes.drop(while: { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 || $0 == 0xEF || $0 == 0xBB || $0 == 0xBF }).first == UInt8(ascii: "<")
+        if !looksLikeXML {
+            throw PlistReadError(message: "the file is neither an XML nor a binary (bplist00) property list")
+        }
+        if let (offset, what, fix) = markupXMLParserCrashesOn(bytes) {
+            let (line, column) = lineAndColumn(of: offset, in: bytes)
+            throw PlistReadError(message: "the file is not a valid XML property list: \(what) at line \(line), column \(column)", fix: fix)
         }
         let parser = XMLParser(data: Data(bytes))
         let builder = XMLPlistReader()
@@ -120,10 +136,6 @@ final class XMLPlistReader: NSObject, XMLParserDelegate {
         // Linux's XMLParser can return true *and* set parserError (e.g. on a mismatched end tag).
         if let failure = builder.failure { throw failure }
         if !ok || parser.parserError != nil {
-            let looksLikeXML = bytes.drop(while: { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 || $0 == 0xEF || $0 == 0xBB || $0 == 0xBF }).first == UInt8(ascii: "<")
-            if !looksLikeXML {
-                throw PlistReadError(message: "the file is neither an XML nor a binary (bplist00) property list")
-            }
             if let run = longestTextRun(bytes), run.length >= xmlTextLimit - 4096 {
                 let (line, _) = lineAndColumn(of: run.start, in: bytes)
                 throw PlistReadError(message: "a value at line \(line) is \(run.length) bytes long; the XML reader (libxml2) stops at \(xmlTextLimit) bytes, so values this long cannot be read",
@@ -293,23 +305,8 @@ private func longestTextRun(_ bytes: [UInt8]) -> (start: Int, length: Int)? {
     return best
 }
 
-/// Offset of the first byte that is not part of a valid UTF-8 sequence, or nil. Files that say
-/// they are in another encoding (a UTF-16 or UTF-32 byte order mark, or an `encoding=` other than
-/// UTF-8 in the XML declaration) are left to the XML reader.
+/// Offset of the first byte that is not part of a valid UTF-8 sequence, or nil.
 func invalidUTF8(_ bytes: [UInt8]) -> Int? {
-    if bytes.starts(with: [0xFE, 0xFF]) || bytes.starts(with: [0xFF, 0xFE]) || bytes.starts(with: [0, 0]) { return nil }
-    if bytes.starts(with: Array("<?xml".utf8)) {
-        let declaration = String(decoding: bytes.prefix(while: { $0 != UInt8(ascii: ">") }).prefix(200), as: UTF8.self).lowercased()
-        // encoding = "…" (XML allows white space around "=").
-        if let range = declaration.range(of: "encoding") {
-            let rest = declaration[range.upperBound...].drop { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }
-            if rest.first == "=" {
-                let quoted = rest.dropFirst().drop { $0 == " " || $0 == "\t" || $0 == "\r" || $0 == "\n" }
-                let value = quoted.dropFirst().prefix { $0 != "\"" && $0 != "'" }
-                if value != "utf-8" && value != "utf8" { return nil }
-            }
-        }
-    }
     var i = 0
     let n = bytes.count
     while i < n {
@@ -332,6 +329,193 @@ func invalidUTF8(_ bytes: [UInt8]) -> Int? {
         }
         if scalar < minimum || scalar > 0x10FFFF || (0xD800...0xDFFF).contains(scalar) { return i }
         i += length
+    }
+    return nil
+}
+
+// MARK: Before Foundation's XMLParser reads a file
+//
+// Foundation's XMLParser (Linux) crashes on some input libxml2 accepts: it reads a processing
+// instruction's data and parts of DTD declarations with strlen, which is NULL when they are absent
+// (`<?x?>`, `<!ATTLIST a b CDATA #IMPLIED>`, `<!NOTATION n SYSTEM "x">`), and traps on bad UTF-8 in
+// a name. So the reader gives it only UTF-8 it has checked: it converts other encodings itself (libxml2
+// would decode them leniently, e.g. from a malformed declaration or UTF-7 escapes, into what the
+// checks below could not see) and refuses DOCTYPEs with an internal subset (a property list has
+// none; through entities they can also hide a `<?x?>`).
+
+/// `<?xml version="…" encoding="…" standalone="…"?>` at the start of a file, as XML defines it.
+enum XMLDeclaration: Equatable {
+    case none
+    case malformed
+    /// Where the encoding name is, when there is one.
+    case wellFormed(encoding: Range<Int>?)
+}
+
+func xmlDeclaration(_ bytes: [UInt8]) -> XMLDeclaration {
+    var i = bytes.starts(with: [0xEF, 0xBB, 0xBF]) ? 3 : 0   // a UTF-8 byte order mark
+    func space() -> Bool {
+        let start = i
+        while i < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[i]) { i += 1 }
+        return i > start
+    }
+    func literal(_ s: String) -> Bool {
+        let u = Array(s.utf8)
+        guard bytes.count - i >= u.count, bytes[i..<(i + u.count)].elementsEqual(u) else { return false }
+        i += u.count
+        return true
+    }
+    /// `= "value"` or `= 'value'`, the value valid by `valid`: where it is.
+    func value(_ valid: (ArraySlice<UInt8>) -> Bool) -> Range<Int>? {
+        _ = space()
+        guard literal("=") else { return nil }
+        _ = space()
+        guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") || bytes[i] == UInt8(ascii: "'") else { return nil }
+        let quote = bytes[i]
+        let start = i + 1
+        guard let end = bytes[start...].prefix(100).firstIndex(of: quote), valid(bytes[start..<end]) else { return nil }
+        i = end + 1
+        return start..<end
+    }
+    func isDigit(_ c: UInt8) -> Bool { c >= 0x30 && c <= 0x39 }
+    func isLetter(_ c: UInt8) -> Bool { (c | 0x20) >= 0x61 && (c | 0x20) <= 0x7A }
+    guard literal("<?xml"), space() else { return .none }
+    // VersionNum: [0-9]+ '.' [0-9]+
+    guard literal("version"), value({ v in
+        let parts = v.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+        return parts.count == 2 && parts.allSatisfy { !$0.isEmpty && $0.allSatisfy(isDigit) }
+    }) != nil else { return .malformed }
+    var encoding: Range<Int>?
+    var separated = space()
+    if separated, literal("encoding") {
+        // EncName: [A-Za-z] ([A-Za-z0-9._] | '-')*
+        encoding = value { v in
+            guard let first = v.first, isLetter(first) else { return false }
+            return v.allSatisfy { isLetter($0) || isDigit($0) || $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "_") || $0 == UInt8(ascii: "-") }
+        }
+        guard encoding != nil else { return .malformed }
+        separated = space()
+    }
+    if separated, literal("standalone") {
+        guard value({ $0.elementsEqual("yes".utf8) || $0.elementsEqual("no".utf8) }) != nil else { return .malformed }
+        _ = space()
+    }
+    return literal("?>") ? .wellFormed(encoding: encoding) : .malformed
+}
+
+/// The encoding an XML declaration names, or nil.
+func declaredEncoding(_ bytes: [UInt8]) -> String? {
+    guard case .wellFormed(let range?) = xmlDeclaration(bytes) else { return nil }
+    return String(decoding: bytes[range], as: UTF8.self)
+}
+
+/// The file as UTF-8, with its declaration (if any) saying so: converted from what a byte order mark
+/// (or "<?" in UTF-16 or UTF-32, which libxml2 also detects) or the XML declaration says, with iconv,
+/// which libxml2 would have used.
+func utf8Text(_ bytes: [UInt8]) throws(PlistReadError) -> [UInt8] {
+    func unreadable(_ what: String) -> PlistReadError {
+        PlistReadError(message: what, fix: "save the file as UTF-8, with <?xml version=\"1.0\" encoding=\"UTF-8\"?> or no declaration")
+    }
+    func converted(_ bytes: [UInt8], from encoding: String, _ why: String) throws(PlistReadError) -> [UInt8] {
+        switch iconvToUTF8(bytes, from: encoding) {
+        case .success(let text): return text
+        case .failure(.unknownEncoding):
+            throw unreadable("the file is in the encoding \(quoted(encoding)) (\(why)), which this system cannot convert")
+        case .failure(.invalid(let offset)):
+            let (line, column) = lineAndColumn(of: offset, in: bytes)
+            throw unreadable("the file is not valid \(oneLine(encoding).text) (\(why)): the bytes at line \(line), column \(column) cannot be read in it")
+        }
+    }
+    var text = bytes
+    var convertedAlready = false
+    let marks: [(mark: [UInt8], isBOM: Bool, encoding: String)] = [
+        ([0, 0, 0xFE, 0xFF], true, "UTF-32BE"), ([0xFF, 0xFE, 0, 0], true, "UTF-32LE"),
+        ([0xFE, 0xFF], true, "UTF-16BE"), ([0xFF, 0xFE], true, "UTF-16LE"),
+        ([0, 0, 0, 0x3C], false, "UTF-32BE"), ([0x3C, 0, 0, 0], false, "UTF-32LE"),
+        ([0, 0x3C, 0, 0x3F], false, "UTF-16BE"), ([0x3C, 0, 0x3F, 0], false, "UTF-16LE"),
+    ]
+    if let m = marks.first(where: { bytes.starts(with: $0.mark) }) {
+        text = try converted(Array(bytes.dropFirst(m.isBOM ? m.mark.count : 0)), from: m.encoding,
+                             m.isBOM ? "by its byte order mark" : "by its first bytes")
+        convertedAlready = true
+    }
+    switch xmlDeclaration(text) {
+    case .none, .wellFormed(encoding: nil):
+        return text
+    case .malformed:
+        throw PlistReadError(message: "the file is not well-formed XML (the XML declaration <?xml …?> at its start is malformed)")
+    case .wellFormed(var range?):
+        let name = String(decoding: text[range], as: UTF8.self)
+        if !convertedAlready {
+            if ["UTF-8", "UTF8"].contains(name.uppercased()) { return text }
+            text = try converted(text, from: name, "as its XML declaration says")
+            guard case .wellFormed(let again?) = xmlDeclaration(text) else {
+                throw unreadable("the file declares the encoding \(quoted(name)), but its text is not in that encoding")
+            }
+            range = again
+        }
+        text.replaceSubrange(range, with: Array("UTF-8".utf8))
+        return text
+    }
+}
+
+enum ConversionFailure: Error { case unknownEncoding, invalid(at: Int) }
+
+/// `bytes` converted from `encoding` to UTF-8 by iconv.
+func iconvToUTF8(_ bytes: [UInt8], from encoding: String) -> Result<[UInt8], ConversionFailure> {
+    let cd = iconv_open("UTF-8", encoding)
+    guard cd != iconv_t(bitPattern: -1) else { return .failure(.unknownEncoding) }
+    defer { iconv_close(cd) }
+    guard !bytes.isEmpty else { return .success([]) }
+    var input = bytes
+    let capacity = 4 * bytes.count + 16   // no encoding takes more than 4 UTF-8 bytes per input byte
+    var failedAt: Int?
+    let output = [UInt8](unsafeUninitializedCapacity: capacity) { out, produced in
+        input.withUnsafeMutableBytes { raw in
+            var inPointer: UnsafeMutablePointer<CChar>? = raw.baseAddress!.assumingMemoryBound(to: CChar.self)
+            var inLeft = raw.count
+            var outPointer: UnsafeMutablePointer<CChar>? = UnsafeMutableRawPointer(out.baseAddress!).assumingMemoryBound(to: CChar.self)
+            var outLeft = capacity
+            if iconv(cd, &inPointer, &inLeft, &outPointer, &outLeft) == -1 || iconv(cd, nil, nil, &outPointer, &outLeft) == -1 {
+                failedAt = raw.count - inLeft
+            }
+            produced = capacity - outLeft
+        }
+    }
+    if let failedAt { return .failure(.invalid(at: failedAt)) }
+    return .success(output)
+}
+
+/// What Foundation's XMLParser would crash on or misread, with the offset, what it is and what to do.
+func markupXMLParserCrashesOn(_ text: [UInt8]) -> (Int, String, String)? {
+    let n = text.count
+    func at(_ i: Int, _ s: String) -> Bool { n - i >= s.utf8.count && text[i..<(i + s.utf8.count)].elementsEqual(s.utf8) }
+    for i in 0..<n where text[i] == 0 || (text[i] == UInt8(ascii: "<") && i + 1 < n && (text[i + 1] == UInt8(ascii: "!") || text[i + 1] == UInt8(ascii: "?"))) {
+        switch text[i] {
+        case 0:
+            // Never valid in XML; also, libxml2 takes "\0\0\0<" for the start of UTF-32.
+            return (i, "it holds a NUL byte", "remove it")
+        case UInt8(ascii: "<") where at(i, "<!DOCTYPE"):
+            // An internal subset starts at a "[" before the DOCTYPE's ">" (outside its quoted IDs).
+            var j = i + 9
+            var quote: UInt8?
+            while j < n {
+                let c = text[j]
+                if let q = quote { if c == q { quote = nil } } else if c == UInt8(ascii: "\"") || c == UInt8(ascii: "'") { quote = c } else if c == UInt8(ascii: ">") { break } else if c == UInt8(ascii: "[") {
+                    return (j, "its DOCTYPE has an internal subset ([…]), with declarations a property list does not use",
+                            "remove the part in [ ]: <!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" \"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">")
+                }
+                j += 1
+            }
+        case UInt8(ascii: "<") where at(i, "<?"):
+            // A processing instruction whose target is followed directly by "?>" has no data.
+            var j = i + 2
+            while j < n, ![0x20, 0x09, 0x0A, 0x0D, UInt8(ascii: "?"), UInt8(ascii: ">"), UInt8(ascii: "<")].contains(text[j]) { j += 1 }
+            if j > i + 2, at(j, "?>") {
+                return (i, "\(quoted(String(decoding: text[i..<(j + 2)], as: UTF8.self))) is a processing instruction without data, which the XML reader cannot read",
+                        "remove it; a property list needs none")
+            }
+        default: break
+        }
     }
     return nil
 }

@@ -157,9 +157,11 @@ final class BadInputTests: XCTestCase {
             XCTAssertEqual(diagnostics.count, 1)
             XCTAssertTrue(diagnostics[0].message.hasPrefix("the file is not valid UTF-8: byte 0x\(String(bad[0], radix: 16, uppercase: true)) at line "), diagnostics[0].message)
         }
-        // A file that declares another encoding is left to the XML reader, however it spaces it.
+        // A file that declares another encoding is converted from it, however it spaces the declaration.
         for declaration in ["encoding=\"ISO-8859-1\"", "encoding = 'ISO-8859-1'", "encoding\n=\t\"latin1\""] {
-            XCTAssertNil(invalidUTF8(Array("<?xml version=\"1.0\" \(declaration)?><plist/>".utf8) + [0xE9]), declaration)
+            let text = try? utf8Text(Array("<?xml version=\"1.0\" \(declaration)?><plist/>".utf8) + [0xE9])
+            XCTAssertEqual(text.flatMap { invalidUTF8($0) }, nil, declaration)
+            XCTAssertEqual(text?.suffix(2), [0xC3, 0xA9], declaration)
         }
         XCTAssertEqual(invalidUTF8(Array("<?xml version=\"1.0\" encoding = \"UTF-8\"?>".utf8) + [0xE9]), 40)
         // Valid multi-byte UTF-8 is fine.
@@ -235,6 +237,57 @@ final class BadInputTests: XCTestCase {
         XCTAssertEqual(errors.count, 20_000)
         XCTAssertEqual(errors.first, "Bad.plist: error: NSUbiquitousContainers.iCloud.com.x.Foo.C0.NSUbiquitousContainerName: is missing, and the default from CFBundleName is 2000000 bytes long in UTF-8; a folder name holds at most 255; set NSUbiquitousContainerName to a valid folder name")
         XCTAssertEqual(errors.last, "Bad.plist: error: NSUbiquitousContainers.iCloud.com.x.Foo.R9999.NSUbiquitousContainerName: \"$(PRODUCT_NAME)\" expands to more than 4096 bytes; write the value literally; an identifier, name or version is a few hundred bytes at most")
+    }
+
+    func testXMLParserIsGivenOnlyCheckedUTF8() {
+        // libxml2 decodes some files leniently, and Foundation's XMLParser then crashed on what came out:
+        // bad UTF-8 in an element name under `encoding="UTF\xFF8"` (to libxml2, "UTF" and an unclosed
+        // string: it went on in UTF-8 unchecked), under "UTF-16" without a byte order mark (ignored),
+        // or an encoding without a converter; a processing instruction without data (`<?x?>`) read with
+        // strlen(NULL), also through UTF-16 or UTF-7; DTD declarations read the same way. Now the reader
+        // converts to UTF-8 itself and refuses what XMLParser cannot read.
+        func with(encoding: [UInt8], badElementName: Bool = true) -> [UInt8] {
+            var bytes = Array(appXML().utf8)
+            bytes.replaceSubrange(bytes.firstRange(of: Array("UTF-8".utf8))!, with: encoding)
+            if badElementName { bytes[bytes.firstRange(of: Array("<string>".utf8))!.lowerBound + 4] = 0xEE }   // <striîng>
+            return bytes
+        }
+        func message(_ bytes: [UInt8]) -> [String] { loadBad(bytes).diagnostics.map(\.message) }
+        XCTAssertEqual(message(with(encoding: Array("UTF".utf8) + [0xFF] + Array("8".utf8))),
+                       ["the file is not well-formed XML (the XML declaration <?xml …?> at its start is malformed)"])
+        XCTAssertEqual(message(with(encoding: Array("UTF-16".utf8))),
+                       ["the file declares the encoding \"UTF-16\", but its text is not in that encoding"])
+        XCTAssertEqual(message(with(encoding: Array("bogus".utf8))),
+                       ["the file is in the encoding \"bogus\" (as its XML declaration says), which this system cannot convert"])
+        XCTAssertEqual(message(with(encoding: Array("US-ASCII".utf8))),
+                       ["the file is not valid US-ASCII (as its XML declaration says): the bytes at line 5, column 34 cannot be read in it"])
+        XCTAssertEqual(message(Array("<?x?>".utf8) + Array(goodManifest.utf8)), [
+            "the file is not a valid XML property list: \"<?x?>\" is a processing instruction without data, which the XML reader cannot read at line 1, column 1",
+        ])
+        let piInUTF16: [UInt8] = [0xFF, 0xFE] + "<?xml version=\"1.0\" encoding=\"UTF-16\"?><?x?><plist/>".utf16.flatMap { (u: UInt16) -> [UInt8] in [UInt8(u & 0xFF), UInt8(u >> 8)] }
+        XCTAssertEqual(message(piInUTF16), [
+            "the file is not a valid XML property list: \"<?x?>\" is a processing instruction without data, which the XML reader cannot read at line 1, column 39",
+        ])
+        XCTAssertEqual(message(Array("<?xml version=\"1.0\" encoding=\"UTF-7\"?>+ADw-?x?+AD4-<plist/>".utf8)), [
+            "the file is not a valid XML property list: \"<?x?>\" is a processing instruction without data, which the XML reader cannot read at line 1, column 39",
+        ])
+        for subset in ["<!ATTLIST a b CDATA #IMPLIED>", "<!NOTATION n SYSTEM \"x\">", "<!ENTITY u SYSTEM \"a\" NDATA n>", "<!ENTITY e \"&#60;?x?>\">"] {
+            XCTAssertEqual(message(Array("<?xml version=\"1.0\"?>\n<!DOCTYPE plist [\(subset)]>\n<plist><dict/></plist>".utf8)), [
+                "the file is not a valid XML property list: its DOCTYPE has an internal subset ([…]), with declarations a property list does not use at line 2, column 17",
+            ], subset)
+        }
+        // Other encodings still load, converted to UTF-8 first.
+        let cafe = appXML(containers: containerXML("iCloud.com.x.Foo", settingsXML(name: "<string>Café ☕</string>")))
+        let latin1 = cafe.replacingOccurrences(of: "encoding=\"UTF-8\"", with: "encoding=\"windows-1252\"").replacingOccurrences(of: " ☕", with: "")
+        var load = loadOne(latin1.unicodeScalars.map { UInt8(truncatingIfNeeded: $0.value) })
+        XCTAssertEqual(load.manifests.first?.containers.first?.settings.name, "Café", "\(load.diagnostics)")
+        let cafe16 = cafe.replacingOccurrences(of: "encoding=\"UTF-8\"", with: "encoding=\"UTF-16\"")
+        let bigEndian: [UInt8] = [0xFE, 0xFF] + cafe16.utf16.flatMap { (u: UInt16) -> [UInt8] in [UInt8(u >> 8), UInt8(u & 0xFF)] }
+        load = loadOne(bigEndian)
+        XCTAssertEqual(load.manifests.first?.containers.first?.settings.name, "Café ☕", "\(load.diagnostics)")
+        XCTAssertEqual(declaredEncoding(Array("<?xml version=\"1.0\" encoding='latin1'?>".utf8)), "latin1")
+        XCTAssertEqual(xmlDeclaration(Array("<?xml version=\"1.0x\" encoding=\"latin1\"?>".utf8)), .malformed)
+        XCTAssertEqual(xmlDeclaration(Array("<?xml encoding=\"UTF-7\"?>".utf8)), .malformed)
     }
 
     // MARK: Required keys and types
