@@ -62,6 +62,7 @@ public func openEmbeddedStore(directory: String, log: @escaping @Sendable (Strin
     let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock, reserve: reserve)
     let work = try LocalWorkArea(directory: directory, storeLock: lock, reserve: reserve)
     let locks = try LocalLockTable(directory: directory, storeLock: lock)
+    reserve.start()
     if !existed {
         // Make the new folder's entries (blobs/, work/, the database) durable.
         try fsyncDirectory(directory)

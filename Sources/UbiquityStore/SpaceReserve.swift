@@ -25,14 +25,18 @@ final class SpaceReserve: Sendable {
     private let lastTry = Mutex<UInt64>(0)
     private let log: @Sendable (String) -> Void
 
-    /// Allocates the reserve in `directory`; nil where the filesystem cannot allocate ahead
-    /// (no `fallocate`), which leaves the store without one.
-    init?(directory: String, log: @escaping @Sendable (String) -> Void) {
+    /// The reserve of the store in `directory`, not allocated yet (see `start`).
+    init(directory: String, log: @escaping @Sendable (String) -> Void) {
         path = directory + "/reserve"
         var st = statvfs()
         let total = retryEINTR({ statvfs(directory, &st) }) == 0 ? Int64(st.f_blocks) * Int64(st.f_frsize) : 0
         size = min(16 << 20, max(1 << 20, total / 32))
         self.log = log
+    }
+
+    /// Allocates the reserve, once the store opened whole (a store refused as damaged or newer
+    /// gets no new file). Where the filesystem cannot allocate ahead the store keeps none.
+    func start() {
         switch allocate() {
         case 0: break
         case ENOSPC:
@@ -40,10 +44,12 @@ final class SpaceReserve: Sendable {
             log("the disk holding the store has no room for its \(size >> 20) MiB reserve: new content is refused "
                 + "(ENOSPC) until space is freed; deletes and emptying Recently Deleted still work")
         case let code:
+            disabled.store(true, ordering: .relaxed)
             log("the store keeps no space reserve: allocating \(path) failed: \(String(cString: strerror(code)))")
-            return nil
         }
     }
+
+    private let disabled = Atomic<Bool>(false)
 
     /// 0, or the errno of allocating `size` bytes (what a failure allocated is given back).
     private func allocate() -> Int32 {
@@ -59,7 +65,7 @@ final class SpaceReserve: Sendable {
     /// Frees the reserve for a metadata commit that found the disk full; false if it was
     /// already free (so trying again would not help).
     func release() -> Bool {
-        guard !released.exchange(true, ordering: .acquiringAndReleasing) else { return false }
+        guard !disabled.load(ordering: .relaxed), !released.exchange(true, ordering: .acquiringAndReleasing) else { return false }
         _ = retryEINTR { truncate(path, 0) }
         lastTry.withLock { $0 = monotonicNanoseconds() }
         log("the disk holding the store is full: released its \(size >> 20) MiB reserve so that changes to names "
