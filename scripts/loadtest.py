@@ -143,9 +143,10 @@ def reader(run, r):
         # save overlapped (nor ended within a second before, the time a new version may take to
         # arrive) must find a whole version; every read of an atomically saved file must.
         later_events, later_busy, _ = in_place_state(name)
-        if busy or later_busy or later_events != events or start - ended < 0.25:
+        if busy or later_busy or later_events != events or start - ended < 1.0:
             run.count("read mid-save")
             continue
+        run.count("read checked whole")
         wrong = whole(data)
         if wrong:
             run.problem("reader %d on mount %d: %s is %s" % (r, mount, name, wrong))

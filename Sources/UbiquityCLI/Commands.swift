@@ -570,8 +570,13 @@ let fsckCommand = Subcommand(
     run: { p in
         let folder = try storeFolder(p)
         guard hasStore(folder) else { throw UsageError(message: "no store in \(folder)") }
-        let store = try openStore(folder)
         let repairing = p.flags.contains("--repair")
+        if repairing && sharedStore(in: folder) != nil {
+            // Other machines may be writing: a repair would be a blind overwrite of their changes.
+            writeError("ubiquityfs fsck: --repair mends the embedded store only; a shared store's machines may be writing")
+            return ExitCode.failure
+        }
+        let store = try openStore(folder)
         if store.work.otherWritersAlive() {
             if repairing {
                 writeError("a daemon serves \(storeLabel(folder)): unmount it first (`ubiquityfs unmount MOUNTPOINT`), then repair")

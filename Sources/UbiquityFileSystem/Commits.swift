@@ -169,7 +169,8 @@ extension UbiquityFileSystem {
                     for case .deleteNode(let ino) in r.mutations where kernelHolds(ino) {
                         guard var n = state.nodes[ino], n.kind != .directory else { continue }
                         n.nlink = 0
-                        ghosts[ino] = (n, state.chunks[ino] ?? [])
+                        let chunks = state.chunks[ino] ?? []
+                        docsLock.withLock { ghosts[ino] = (n, chunks) }
                     }
                 }
                 if remote {

@@ -97,7 +97,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Files another writer deleted (replaced by its rename, say) while this kernel still held
     /// them by their old name: kept here, read-only, until the kernel forgets them, so that an
     /// open racing with that writer's change reads the file as it was, as on a local disk.
-    var ghosts: [InodeNumber: (node: NodeRecord, chunks: [ChunkRef])] = [:]   // guarded by ns
+    var ghosts: [InodeNumber: (node: NodeRecord, chunks: [ChunkRef])] = [:]   // guarded by docsLock
 
     let docsLock = Lock()
     var docs: [InodeNumber: Document] = [:]   // guarded by docsLock
@@ -161,7 +161,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             log("retention set for the store: \(retention.spec)")
         }
         try removeOrphans()
-        try recoverWorkingCopies()
+        do { try recoverWorkingCopies() } catch let e as FSError where e.errno == ENOSPC || e.errno == EDQUOT {
+            // A full disk must not keep the mount down (from it alone can space be freed): the
+            // copies stay, and the periodic recovery publishes them once there is room.
+            log("recovering working copies waits for room on the store's disk: \(e)")
+        }
         do { try collectGarbage() } catch {
             // Started out of reach of a shared store's servers: the hourly collection runs once they answer.
             guard store.offline?.queued.fromLocalCopy == true, store.metadata.reachability()?.online == false else { throw error }
@@ -212,13 +216,22 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // The rules are `ViewPolicy`'s; these read them over this model's namespace.
     typealias Target = ViewPolicy.Target
+    /// `target` for a change: a ghost (see `ghosts`) is read-only, ESTALE, so that no change
+    /// brings back a node another writer deleted.
+    func changeableTarget(_ ino: UInt64) throws -> Target {
+        if state.nodes[ino] == nil, docsLock.withLock({ ghosts[ino] != nil }) {
+            throw FSError(ESTALE, "node \(ino) was deleted by another writer").routine()
+        }
+        return try target(ino)
+    }
+
     /// What `ino` is in this view. A file another writer deleted while this kernel still held
     /// it is its ghost (see `ghosts`). Any other node another writer deleted while the kernel
     /// holds it (a folder) is ESTALE, not ENOENT: on ESTALE the kernel walks the path again
     /// with its names checked, as for NFS, and finds what the name is now. Caller holds ns.
     func target(_ ino: UInt64) throws -> Target {
         do { return try policy.target(ino, in: state) } catch let e as FSError where e.errno == ENOENT && state.nodes[ino] == nil {
-            if let ghost = ghosts[ino] { return .node(ghost.node) }
+            if let ghost = docsLock.withLock({ ghosts[ino] }) { return .node(ghost.node) }
             if docsLock.withLock({ lookups[ino] != nil }) {
                 throw FSError(ESTALE, "node \(ino) was deleted by another writer").routine()
             }
@@ -350,7 +363,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             log("internal error: the kernel forgot \(count) references to inode \(ino), which had \(counted)")
         }
         if gone {
-            ns.write { _ = ghosts.removeValue(forKey: ino) }
+            docsLock.withLock { _ = ghosts.removeValue(forKey: ino) }
             do { try deleteIfUnreferenced(ino) } catch { log("deleting unlinked inode \(ino) failed: \(error)") }
         }
     }
@@ -607,7 +620,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try typed {
             try check(name: newName)
             return try mutate { s in
-                guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "cannot link the mount root") }
+                guard case .node(var n) = try changeableTarget(ino) else { throw FSError(EPERM, "cannot link the mount root") }
                 if n.kind == .directory { throw FSError(EPERM, "cannot hard-link a folder") }
                 var p = try writableDirectory(newParent)
                 if p.container != n.container { throw FSError(EXDEV, "hard links cannot cross containers") }
@@ -847,10 +860,11 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 return try trashAttributes(t)
             }
             if let size = changes.size {
+                try ns.read { _ = try changeableTarget(ino) }
                 let doc = try document(for: ino, handle: handle)
                 defer { closeTemporary(doc, handle: handle) }
                 try ns.read {
-                    guard case .node(let n) = try target(ino) else { throw FSError.readOnly("read-only") }
+                    guard case .node(let n) = try changeableTarget(ino) else { throw FSError.readOnly("read-only") }
                     if n.kind == .directory { throw FSError(EISDIR, "is a folder") }
                     if n.kind != .regular { throw FSError(EINVAL, "not a regular file") }
                 }
@@ -859,7 +873,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 do { try doc.truncate(to: size, handle: through) } catch { throw FSError(error) }
             }
             return try mutate { s in
-                guard case .node(var n) = try target(ino) else { throw FSError.readOnly("the mount root is read-only") }
+                guard case .node(var n) = try changeableTarget(ino) else { throw FSError.readOnly("the mount root is read-only") }
                 let now = nowNanoseconds()
                 var changed = false
                 if let mode = changes.mode { n.mode = mode & 0o7777; changed = true }
@@ -926,7 +940,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 return
             }
             try mutate { s in
-                guard case .node(var n) = try target(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
+                guard case .node(var n) = try changeableTarget(ino) else { throw FSError(EPERM, "the mount root has no extended attributes") }
                 let exists = state.xattrs[n.ino]?[name] != nil
                 if flags & xattrCreate != 0 && exists { throw FSError(EEXIST, "attribute exists") }
                 if flags & xattrReplace != 0 && !exists { throw FSError(ENODATA, "no such attribute") }
@@ -987,7 +1001,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         try typed {
             if trashNode(ino) != nil { throw FSError(ENODATA, "no such attribute") }
             try mutate { s in
-                guard case .node(var n) = try target(ino) else { throw FSError(ENODATA, "no such attribute") }
+                guard case .node(var n) = try changeableTarget(ino) else { throw FSError(ENODATA, "no such attribute") }
                 guard name.starts(with: Self.userPrefix) else { throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine() }
                 // Computed: removing one changes nothing (`rsync -X` removes what its source lacks).
                 if Self.statusAttributes.contains(name) {

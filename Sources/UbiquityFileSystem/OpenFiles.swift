@@ -13,7 +13,7 @@ extension UbiquityFileSystem {
     public func open(_ ino: UInt64, flags: Int32) throws(FSError) -> UInt64 {
         try typed {
             if let t = trashNode(ino) { return try trashOpen(t, flags: flags) }
-            if Self.mayWrite(flags) || flags & O_TRUNC != 0, ns.read({ state.nodes[ino] == nil && ghosts[ino] != nil }) {
+            if Self.mayWrite(flags) || flags & O_TRUNC != 0, ns.read({ state.nodes[ino] == nil }), docsLock.withLock({ ghosts[ino] != nil }) {
                 // A file another writer deleted is read-only here: the kernel looks the name up
                 // again and opens what it names now.
                 throw FSError(ESTALE, "node \(ino) was deleted by another writer").routine()
@@ -121,7 +121,7 @@ extension UbiquityFileSystem {
         try typed {
             if trashHandleNode(handle) != nil { return }
             let (doc, flags) = try fileDocument(handle)
-            guard Self.mayWrite(flags) else { return }
+            guard Self.mayWrite(flags) || flags & O_TRUNC != 0 else { return }
             let closed: Bool
             do { closed = try doc.flushed(handle: handle) } catch {
                 // Not fatal: the content is in the working copy, which recovery keeps as a version.
@@ -163,7 +163,7 @@ extension UbiquityFileSystem {
             guard case .file(let doc, let flags) = docsLock.withLock({ handles.removeValue(forKey: handle) }) else {
                 throw FSError(EBADF, "not a file handle")
             }
-            if Self.mayWrite(flags) { doc.released(handle: handle) }
+            if Self.mayWrite(flags) || flags & O_TRUNC != 0 { doc.released(handle: handle) }
             releaseLocks(ofHandle: handle)
             try releaseDocument(doc)
         }

@@ -118,7 +118,7 @@ public final class FaultPlan: @unchecked Sendable {
 
     private func wait(_ operation: FaultOperation) {
         waitIfHeld(operation)
-        if let ms = mutex.withLock({ delays[operation] }) { usleep(useconds_t(ms) * 1000) }
+        if let ms = mutex.withLock({ delays[operation] }) { usleep(useconds_t(min(ms, 600_000)) * 1000) }   // at most 10 min
     }
 
     /// Replace every rule and delay with those of `script`, one per line:

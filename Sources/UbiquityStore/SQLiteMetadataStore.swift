@@ -713,6 +713,14 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// Advance a high-water mark by `count` in a durable transaction: a reservation lost to a
     /// power cut could hand out ids again that a surviving working copy is named by.
     private func reserve(_ key: String, _ count: Int, floor: Int64) throws(StoreError) -> (Int64, Int64) {
+        do throws(StoreError) {
+            return try reserveOnce(key, count, floor: floor)
+        } catch where error.kind == .noSpace && reserve?.release() == true {
+            return try reserveOnce(key, count, floor: floor)   // as for a commit: the reserve makes room
+        }
+    }
+
+    private func reserveOnce(_ key: String, _ count: Int, floor: Int64) throws(StoreError) -> (Int64, Int64) {
         precondition(count > 0)
         return try mutex.withLock { () throws(StoreError) -> (Int64, Int64) in
             try run("PRAGMA synchronous=FULL")

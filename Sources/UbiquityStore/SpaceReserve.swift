@@ -7,8 +7,8 @@
 // While it is released, new content (working-copy writes, chunk files) is refused with ENOSPC
 // at once, so the space goes to the namespace: deletes, renames and emptying Recently Deleted
 // keep working. The store allocates the reserve again as soon as the disk has room for it
-// (tried at most every half second, from the calls that need it), and content writes work
-// again with no restart.
+// (looked at with statvfs by the calls that need it), and content writes work again with no
+// restart. Each daemon on a store keeps its own view of whether the reserve is given up.
 
 import Foundation
 import Synchronization
@@ -20,13 +20,18 @@ final class SpaceReserve: Sendable {
     let path: String
     /// Bytes kept: 1/32 of the filesystem, at least 1 MiB and at most 16 MiB.
     let size: Int64
+    /// Set while the reserve is given up: read without the lock on every content write.
     private let released = Atomic<Bool>(false)
-    /// When allocating it again was last tried (CLOCK_MONOTONIC ns); guards the attempts.
-    private let lastTry = Mutex<UInt64>(0)
+    /// Serializes giving the reserve up and taking it again (the file calls included), so a
+    /// restore can never overlap a release and leave the flag and the file disagreeing.
+    private let change = Mutex<Void>(())
+    private let disabled = Atomic<Bool>(false)
+    private let directory: String
     private let log: @Sendable (String) -> Void
 
     /// The reserve of the store in `directory`, not allocated yet (see `start`).
     init(directory: String, log: @escaping @Sendable (String) -> Void) {
+        self.directory = directory
         path = directory + "/reserve"
         var st = statvfs()
         let total = retryEINTR({ statvfs(directory, &st) }) == 0 ? Int64(st.f_blocks) * Int64(st.f_frsize) : 0
@@ -37,19 +42,29 @@ final class SpaceReserve: Sendable {
     /// Allocates the reserve, once the store opened whole (a store refused as damaged or newer
     /// gets no new file). Where the filesystem cannot allocate ahead the store keeps none.
     func start() {
-        switch allocate() {
-        case 0: break
-        case ENOSPC:
-            released.store(true, ordering: .relaxed)
-            log("the disk holding the store has no room for its \(size >> 20) MiB reserve: new content is refused "
-                + "(ENOSPC) until space is freed; deletes and emptying Recently Deleted still work")
-        case let code:
-            disabled.store(true, ordering: .relaxed)
-            log("the store keeps no space reserve: allocating \(path) failed: \(String(cString: strerror(code)))")
+        change.withLock { _ in
+            switch hasRoom() ? allocate() : ENOSPC {
+            case 0: break
+            case ENOSPC:
+                released.store(true, ordering: .releasing)
+                log("the disk holding the store has no room for its \(size >> 20) MiB reserve: new content is refused "
+                    + "(ENOSPC) until space is freed; deletes and emptying Recently Deleted still work")
+            case let code:
+                disabled.store(true, ordering: .releasing)
+                log("the store keeps no space reserve: allocating \(path) failed: \(String(cString: strerror(code)))")
+            }
         }
     }
 
-    private let disabled = Atomic<Bool>(false)
+    /// Whether the disk has room for the reserve and 1 MiB besides: only then is allocating
+    /// tried, since a failing fallocate fills the disk for a moment before giving it back.
+    private func hasRoom() -> Bool {
+        var st = statvfs()
+        guard retryEINTR({ statvfs(directory, &st) }) == 0 else { return false }
+        var own = stat()
+        let held = lstat(path, &own) == 0 ? Int64(own.st_blocks) * 512 : 0
+        return Int64(st.f_bavail) * Int64(st.f_frsize) + held >= size + (1 << 20)
+    }
 
     /// 0, or the errno of allocating `size` bytes (what a failure allocated is given back).
     private func allocate() -> Int32 {
@@ -65,12 +80,18 @@ final class SpaceReserve: Sendable {
     /// Frees the reserve for a metadata commit that found the disk full; false if it was
     /// already free (so trying again would not help).
     func release() -> Bool {
-        guard !disabled.load(ordering: .relaxed), !released.exchange(true, ordering: .acquiringAndReleasing) else { return false }
-        _ = retryEINTR { truncate(path, 0) }
-        lastTry.withLock { $0 = monotonicNanoseconds() }
-        log("the disk holding the store is full: released its \(size >> 20) MiB reserve so that changes to names "
-            + "can go on; new content is refused (ENOSPC) until space is freed (delete files and empty Recently Deleted)")
-        return true
+        guard !disabled.load(ordering: .acquiring) else { return false }
+        let freed = change.withLock { _ -> Bool in
+            guard !released.load(ordering: .acquiring) else { return false }
+            _ = retryEINTR { truncate(path, 0) }
+            released.store(true, ordering: .releasing)
+            return true
+        }
+        if freed {
+            log("the disk holding the store is full: released its \(size >> 20) MiB reserve so that changes to names "
+                + "can go on; new content is refused (ENOSPC) until space is freed (delete files and empty Recently Deleted)")
+        }
+        return freed
     }
 
     /// Throws ENOSPC while the reserve is released and the disk still has no room for it.
@@ -82,21 +103,18 @@ final class SpaceReserve: Sendable {
         }
     }
 
-    /// Allocates the reserve again if it is released and the last try was over half a second
-    /// ago; true if it is in place.
+    /// Allocates the reserve again if it is released and the disk has room for it (a statvfs
+    /// while it is released); true if it is in place.
     @discardableResult
     func restore() -> Bool {
         guard released.load(ordering: .acquiring) else { return true }
-        let now = monotonicNanoseconds()
-        let due = lastTry.withLock { last -> Bool in
-            guard now &- last >= 500_000_000 else { return false }
-            last = now
+        let back = change.withLock { _ -> Bool in
+            guard released.load(ordering: .acquiring) else { return false }
+            guard hasRoom(), allocate() == 0 else { return false }
+            released.store(false, ordering: .releasing)
             return true
         }
-        guard due, allocate() == 0 else { return false }
-        if released.exchange(false, ordering: .acquiringAndReleasing) {
-            log("the disk holding the store has room again: its reserve is in place and new content is accepted")
-        }
-        return true
+        if back { log("the disk holding the store has room again: its reserve is in place and new content is accepted") }
+        return !released.load(ordering: .acquiring)
     }
 }

@@ -55,6 +55,7 @@ final class LoadTests: MountTestCase {
         let counts = parsed["counts"] as? [String: Int] ?? [:]
         XCTAssertGreaterThan(counts["save", default: 0] + counts["atomic save", default: 0], 100, "round \(round): the writers worked: \(out)")
         XCTAssertGreaterThan(counts["read", default: 0], 100, "round \(round): the readers worked: \(out)")
+        XCTAssertGreaterThan(counts["read checked whole", default: 0], 100, "round \(round): reads were checked whole: \(out)")
         XCTAssertGreaterThan(counts["ls -l", default: 0], 10, "round \(round): the listings worked: \(out)")
         sleep(2)   // idle publishes and the change feed settle
         let after = pids.map { Self.usage(of: $0) ?? Usage(rss: 0, fds: 0) }
