@@ -411,8 +411,8 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     public func truncate(to size: Int) throws(StoreError) {
         guard size >= 0 else { throw StoreError(errno: EINVAL, "truncate \(dataPath): negative size \(size)") }
         var st = stat()
-        if reserve != nil, fstat(dataFD, &st) != 0 || Int(st.st_size) < size {   // a shrink needs no room
-            try reserve?.checkRoom(for: "truncate \(dataPath)")
+        if let reserve, reserve.isReleased, fstat(dataFD, &st) != 0 || Int(st.st_size) < size {   // a shrink needs no room
+            try reserve.checkRoom(for: "truncate \(dataPath)")
         }
         if retryEINTR({ ftruncate(dataFD, off_t(size)) }) != 0 { throw systemError("truncate", dataPath, errno) }
         try withUnsafeBytes(of: UInt64(size).littleEndian) { (raw) throws(StoreError) in

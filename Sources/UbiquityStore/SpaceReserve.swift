@@ -94,6 +94,9 @@ final class SpaceReserve: Sendable {
         return freed
     }
 
+    /// Whether the reserve is given up now (one atomic load).
+    var isReleased: Bool { released.load(ordering: .relaxed) }
+
     /// Throws ENOSPC while the reserve is released and the disk still has no room for it.
     /// Cheap when it is in place (one atomic load): called before every content write.
     func checkRoom(for what: @autoclosure () -> String) throws(StoreError) {

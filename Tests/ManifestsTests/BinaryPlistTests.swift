@@ -153,18 +153,9 @@ final class BinaryPlistTests: XCTestCase {
                        .array([.string("x"), .string("x"), .string("x")]))
     }
 
-    /// Objects (references already encoded, 4 bytes) laid out with 4-byte offsets; object 0 is the top.
+    /// Objects (references already encoded, 4 bytes); object 0 is the top.
     private func bplist(_ objects: [[UInt8]]) -> [UInt8] {
-        var bytes = Array("bplist00".utf8)
-        var offsets: [Int] = []
-        for o in objects {
-            offsets.append(bytes.count)
-            bytes += o
-        }
-        let table = bytes.count
-        for o in offsets { bytes += BinaryPlistWriter.bigEndian(UInt64(o), size: 4) }
-        return bytes + [0, 0, 0, 0, 0, 0, 4, 4] + BinaryPlistWriter.bigEndian(UInt64(objects.count), size: 8)
-            + BinaryPlistWriter.bigEndian(0, size: 8) + BinaryPlistWriter.bigEndian(UInt64(table), size: 8)
+        BinaryLayout.build(objects: objects, top: 0, refSize: 4)
     }
 
     func testRandomCorruptionNeverCrashes() {
