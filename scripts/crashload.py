@@ -3,8 +3,10 @@
 
   crashload.py run DIR LOG SEED [WORKERS]   work in DIR until killed (or until LOG.stop
                                             exists), logging to LOG
-  crashload.py check DIR LOG                exit 1 (one line per problem) unless DIR holds
-                                            what the log says it must
+  crashload.py check DIR LOG [--power]      exit 1 (one line per problem) unless DIR holds
+                                            what the log says it must (after a power cut,
+                                            with --power)
+  crashload.py state DIR                    print what every file in DIR holds
 
 Each worker owns its own files in DIR and does, at random: writes that end with fsync, writes
 that end with close, appends, truncates, atomic saves (a temporary file renamed over the
@@ -16,6 +18,11 @@ operation left (a file closed or fsync'ed keeps its last content, whole), except
 the operation each worker had begun: those hold what was there before it, or after it (or,
 for a write that opens with O_TRUNC, nothing yet). A conflict copy that recovery made beside
 a file must hold content the workload once gave that file, whole.
+
+After a power cut (--power) only what was synced is promised, as POSIX promises it: a name
+whose last fsync'ed write finished holds that content, or what a later operation on the name
+gave it; any other name holds a state it had at some moment (empty included, where a write
+that opens with O_TRUNC made it so), its content and attribute each whole, never torn.
 """
 import hashlib
 import json
@@ -158,6 +165,8 @@ def observed(root, name):
             data = f.read()
     except FileNotFoundError:
         return None
+    except OSError as e:
+        return ["unreadable (%s)" % errno.errorcode.get(e.errno, e.errno), None]
     try:
         attr = os.getxattr(p, ATTR).decode()
     except OSError:
@@ -165,12 +174,14 @@ def observed(root, name):
     return [digest(data), attr]
 
 
-def check(root, log_path):
+def check(root, log_path, power=False):
     finished = {}   # name -> state its last finished operation left
     begun = {}      # worker -> its last begun record
     errors = []
     done = 0
     ever = {}       # name -> every content digest an operation gave it
+    history = {}    # name -> [(operation kind, state it left)], from the round's start
+    floor = {}      # name -> index in history of its last finished fsync'ed write
 
     with open(log_path, "rb") as f:
         for raw in f:
@@ -184,12 +195,19 @@ def check(root, log_path):
                 for name, state in r["after"].items():
                     if state:
                         ever.setdefault(name, set()).add(state[0])
+                    h = history.setdefault(name, [(None, None)])
+                    h.append((r["begin"] if name == r["name"] else "moved", state))
             elif begun.get(r["w"], {}).get("op") == r["op"]:
-                finished.update(begun.pop(r["w"])["after"])
+                r = begun.pop(r["w"])
+                finished.update(r["after"])
+                if r["begin"] == "fsync":
+                    floor[r["name"]] = max(i for i, (kind, _) in enumerate(history[r["name"]]) if kind == "fsync")
                 done += 1
     open_ops = list(begun.values())
     loose = {m for r in open_ops for m in r["after"]}
     problems = list(errors)
+    if power:
+        return report(problems + power_problems(root, history, floor), len(history), done, 0)
     for name, want in sorted(finished.items()):
         if name in loose:
             continue
@@ -223,19 +241,59 @@ def check(root, log_path):
             copies += 1
         elif entry.split("-")[0].startswith("w"):
             problems.append("%s: a file no operation left" % entry)
+    return report(problems, len(known), done, copies)
+
+
+def power_problems(root, history, floor):
+    """What breaks the promises of a power cut (see the top)."""
+    problems = []
+    empty = digest(b"")
+    for name, h in sorted(history.items()):
+        start = floor.get(name, 0)
+        since = h[start:]
+        contents = {state[0] if state else None for _, state in since}
+        attrs = {state[1] for _, state in since if state}
+        # An O_TRUNC open empties the file before its write; without a synced floor the file's
+        # creation (empty) may be all that survived of it.
+        if name not in floor or any(kind in ("fsync", "close", "moved") for kind, _ in since[1:]):
+            contents.add(empty)
+        got = observed(root, name)
+        if (got[0] if got else None) not in contents or (got and got[1] not in attrs):
+            problems.append("%s: holds %s, not a state it had since its last fsync (%s)"
+                            % (name, got, "from the start" if name not in floor else since[0][1]))
+    names = set(history)
+    for entry in sorted(os.listdir(root)):
+        if entry in names or ".tmp" in entry:
+            continue
+        base = entry.split(" (conflict from ")[0]
+        got = observed(root, entry)
+        if base == entry or got is None or got[0] not in {s[0] for _, s in history.get(base, []) if s}:
+            problems.append("%s: holds %s, no state the workload gave a file" % (entry, got))
+    return problems
+
+
+def report(problems, files, done, copies):
     for line in problems:
         print(line)
     print("checked %d files after %d finished operations%s: %s"
-          % (len(known), done, ", and %d conflict copies" % copies if copies else "",
+          % (files, done, ", and %d conflict copies" % copies if copies else "",
              "%d problems" % len(problems) if problems else "as logged"))
     return 1 if problems else 0
+
+
+def state(root):
+    """Every file in root and what it holds, a line each."""
+    for entry in sorted(os.listdir(root)):
+        print(entry, json.dumps(observed(root, entry)))
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 5 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) > 5 else 4)
-    elif len(sys.argv) == 4 and sys.argv[1] == "check":
-        sys.exit(check(sys.argv[2], sys.argv[3]))
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "check" and sys.argv[4:] in ([], ["--power"]):
+        sys.exit(check(sys.argv[2], sys.argv[3], power=sys.argv[4:] == ["--power"]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "state":
+        state(sys.argv[2])
     else:
         sys.stderr.write(__doc__)
         sys.exit(64)

@@ -10,9 +10,10 @@
 //   another boot means the machine stopped under that writer (a power cut, a crash of the system).
 // - `synced-seq` = a change-log position up to which everything, content included, was made
 //   durable by a sync (one `syncfs` of the content, then a durable commit of the mark).
-// - At a writer's start after such a stop, every file whose current version was committed after
-//   the mark has its chunks checked against their checksums; a file whose content did not reach
-//   the disk goes back to its newest whole version. The reverts are ordinary batches of the
+// - At a writer's start after such a stop, every file changed after the mark has the chunks of
+//   its versions checked against their checksums; a file whose current content did not reach the
+//   disk goes back to its newest whole version, and versions that lost content leave its
+//   history (their bytes are gone; a restore of one would give garbage). The reverts are ordinary batches of the
 //   change log (expecting the node unchanged, so a file another writer published since is left
 //   alone), so the model applies them as it applies any other writer's.
 // The single-writer version's marks (`running` = "1", `synced-version` = a version id) are read
@@ -70,20 +71,24 @@ public final class LocalDurability: Durability, @unchecked Sendable {
         if !stale.isEmpty || legacy {
             let synced = ChangeSeq(snapshot.meta[Self.syncedKey] ?? "0") ?? 0
             let legacySynced = VersionID(snapshot.meta[Self.legacySyncedKey] ?? "0") ?? 0
-            var current: [VersionID: VersionRecord] = [:]
-            for v in snapshot.currentVersions { current[v.id] = v }
             for n in snapshot.nodes where n.kind == .regular {
                 guard let version = n.currentVersion, version > 0 else { continue }
                 let change = snapshot.nodeChanges[n.ino] ?? 0
                 guard change > synced || (legacy && version > legacySynced) else { continue }
-                if (current[version]?.chunks ?? []).allSatisfy({ blobs.verify($0) }) { continue }
-                let older = try metadata.versions(of: n.ino).filter { $0.id < version }.reversed()
-                let good = older.first { $0.chunks.allSatisfy { blobs.verify($0) } }
+                // Every version of a file changed since the mark may have lost content, not only
+                // the current one: one that did is history that never reached the disk, and goes.
+                let all = try metadata.versions(of: n.ino)
+                let lost = all.filter { !$0.chunks.allSatisfy { blobs.verify($0) } }
+                if lost.isEmpty { continue }
+                let lostIDs = Set(lost.map(\.id))
+                let good = all.last { $0.id <= version && !lostIDs.contains($0.id) }
                 var node = n
                 node.currentVersion = good?.id
                 node.size = good?.size ?? 0
+                var mutations: [Mutation] = good?.id == version ? [] : [.putNode(node)]
+                mutations += lost.map { .deleteVersion($0.id) }
                 do {
-                    try metadata.commit(Batch([.putNode(node)], expecting: [.nodeAt(ino: n.ino, change: change)],
+                    try metadata.commit(Batch(mutations, expecting: [.nodeAt(ino: n.ino, change: change)],
                                               writer: writer), durable: false)
                 } catch {
                     // Published again since (another writer verifying at once, or one that
@@ -91,8 +96,15 @@ public final class LocalDurability: Durability, @unchecked Sendable {
                     if error.kind == .conflict { continue }
                     throw error
                 }
-                repairs.append("inode \(n.ino): version \(version) did not reach the disk before the machine stopped; "
-                               + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
+                if good?.id != version {
+                    repairs.append("inode \(n.ino): version \(version) did not reach the disk before the machine stopped; "
+                                   + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
+                }
+                let older = lost.filter { $0.id != version }.map { String($0.id) }
+                if !older.isEmpty {
+                    repairs.append("inode \(n.ino): earlier version\(older.count == 1 ? "" : "s") \(older.joined(separator: ", ")) "
+                                   + "did not reach the disk before the machine stopped; removed from its history")
+                }
             }
             // Verified: the writers that stopped with the machine are gone (only now: a failure
             // above leaves the marks, so the next start verifies again).

@@ -536,6 +536,35 @@ final class MemoryStoreTests: XCTestCase {
         XCTAssertNil(try metadata.load().meta[LocalDurability.runningKey("B")])
     }
 
+    /// Versions before the current one lose content in a power cut too: they leave the history
+    /// (a restore of one would give garbage), whether or not the current version is whole.
+    func testAPowerCutTakesVersionsThatLostContentOutOfTheHistory() throws {
+        let store = fixture.store
+        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
+        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
+        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        _ = try store.durability.begin(writer: "A", snapshot: try metadata.load())
+        let first = try writeBlob(blobs, [1])
+        try metadata.commit([.putVersion(Sample.version(1, ino: 7, chunks: [first])),
+                             .putNode(Sample.node(7, size: 1, version: 1))], durable: false)
+        try store.durability.sync()
+        // Version 2's chunk is not synced; version 3's is (an fsync writes its chunks durably).
+        let second = try writeBlob(blobs, [2, 2])
+        let third = try writeBlob(blobs, [3, 3, 3], durable: true)
+        try metadata.commit([.putVersion(Sample.version(2, ino: 7, chunks: [second])),
+                             .putNode(Sample.node(7, size: 2, version: 2))], durable: true)
+        try metadata.commit([.putVersion(Sample.version(3, ino: 7, chunks: [third])),
+                             .putNode(Sample.node(7, size: 3, version: 3))], durable: true)
+        metadata.simulatePowerCut()
+        blobs.simulatePowerCut()
+        work.simulatePowerCut()
+
+        let repairs = try store.durability.begin(writer: "B", snapshot: try metadata.load())
+        XCTAssertEqual(repairs, ["inode 7: earlier version 2 did not reach the disk before the machine stopped; removed from its history"])
+        XCTAssertEqual(try metadata.versions(of: 7).map(\.id), [1, 3])
+        XCTAssertEqual(try metadata.load().nodes.first { $0.ino == 7 }?.currentVersion, 3, "the current version is whole and stays")
+    }
+
     /// A commit that lands while a sync's syncfs runs may name chunks the syncfs missed: the next
     /// sync must not count it as synced already.
     func testACommitDuringASyncIsSyncedByTheNext() throws {
