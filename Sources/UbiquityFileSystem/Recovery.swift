@@ -32,8 +32,13 @@ extension UbiquityFileSystem {
         let candidates = try store.blobs.allBlobs(writtenBefore: cutoff)
         // Listed first, then the references: a blob committed in between is in the references.
         let referenced = candidates.isEmpty ? [] : try store.metadata.referencedBlobs()
-        // Content an open file here still reads (another writer deleted it, or pruned its base).
-        let open = docsLock.withLock { Array(docs.values) }.reduce(into: Set<BlobID>()) { $0.formUnion($1.baseBlobs()) }
+        // Content an open file here still reads (another writer deleted it, or pruned its base),
+        // and the content of ghosts, which the kernel may open and read until it forgets them.
+        let open = docsLock.withLock { () -> Set<BlobID> in
+            var blobs = docs.values.reduce(into: Set<BlobID>()) { $0.formUnion($1.baseBlobs()) }
+            for ghost in ghosts.values { blobs.formUnion(ghost.chunks.lazy.filter { !$0.isHole }.map(\.blob)) }
+            return blobs
+        }
         let unreferenced = Set(candidates).subtracting(referenced).subtracting(open)
         let alone = !store.work.otherWritersAlive()
         let doomed = syncLock.withLock { () -> Set<BlobID> in

@@ -404,4 +404,27 @@ final class GhostTests: TwoWritersTestCase {
         two.forget(folder, count: 1)
         assertErrno(ENOENT, try two.getattr(folder), "forgotten")
     }
+
+    /// A ghost's content is no one's in the store, but the kernel may still open and read it:
+    /// garbage collection keeps it until the kernel forgets the ghost, however many collections
+    /// (an hour apart) come first.
+    func testGarbageCollectionKeepsAGhostsContent() throws {
+        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
+        (store.work as! MemoryWorkArea).setOtherWritersAlive(true)
+        let docs = try one.ino("SugoiApp")
+        let old = try one.makeFile(docs, "doc.txt", b("the old text"))
+        _ = try two.catchUp()
+        two.remember(old, parent: docs, name: b("doc.txt"))
+        try one.unlink(parent: docs, name: b("doc.txt"))
+        try one.emptyTrash()
+        _ = try two.catchUp()
+        let before = blobs.blobIDs
+        for blob in before { blobs.backdate(blob, by: 3_600_000_000_000) }
+        for _ in 1...3 { try two.collectGarbage() }
+        XCTAssertEqual(blobs.blobIDs, before, "the ghost's chunk is kept")
+        XCTAssertEqual(try two.contents(old), b("the old text"))
+        two.forget(old, count: 1)
+        for _ in 1...2 { try two.collectGarbage() }
+        XCTAssertEqual(blobs.blobIDs.count, before.count - 1, "forgotten: its chunk is freed")
+    }
 }
