@@ -135,7 +135,10 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
 
 /// A name as text for a report line (bytes that are not UTF-8 as \xNN).
 package func printableName(_ name: [UInt8]) -> String {
-    if let s = String(validating: name, as: UTF8.self), !s.contains(where: { $0.isNewline || ($0.asciiValue ?? 0x20) < 0x20 }) {
+    // C0 and C1 controls, DEL and the Unicode line separators would move a terminal's cursor or
+    // split the line: such a name is printed byte by byte, escaped.
+    if let s = String(validating: name, as: UTF8.self),
+       !s.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7f...0x9f).contains($0.value) || $0.value == 0x2028 || $0.value == 0x2029 }) {
         return "'" + s + "'"
     }
     return "'" + name.map { $0 >= 0x20 && $0 < 0x7f ? String(UnicodeScalar($0)) : String(format: "\\x%02x", $0) }.joined() + "'"

@@ -25,6 +25,16 @@ final class StoreCheckTests: XCTestCase {
         return store
     }
 
+    /// Names in problem lines never carry a control character to the terminal.
+    func testNamesArePrintedWithoutControlCharacters() {
+        XCTAssertEqual(printableName(Array("Résumé.txt".utf8)), "'Résumé.txt'")
+        XCTAssertEqual(printableName([0x61, 0x0a, 0x62]), "'a\\x0ab'")
+        XCTAssertEqual(printableName([0x61, 0xc2, 0x9b, 0x62]), "'a\\xc2\\x9bb'", "C1 CSI (U+009B)")
+        XCTAssertEqual(printableName([0x61, 0xe2, 0x80, 0xa8]), "'a\\xe2\\x80\\xa8'", "U+2028 LINE SEPARATOR")
+        XCTAssertEqual(printableName([0x61, 0x7f]), "'a\\x7f'")
+        XCTAssertEqual(printableName([0xff, 0x41]), "'\\xffA'", "not UTF-8")
+    }
+
     func testAWholeStoreHasNoProblems() throws {
         let report = try checkStore(try whole(), full: true)
         XCTAssertEqual(report.problems, [])
