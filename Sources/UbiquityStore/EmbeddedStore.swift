@@ -56,6 +56,7 @@ public func openEmbeddedStore(directory: String, log: @escaping @Sendable (Strin
     let existed = stat(directory, &st) == 0
     try makeDirectories(directory, mode: 0o700)
     try tightenPermissions(of: directory, log: log)
+    try refuseSymlinks(in: directory)
     let lock = try StoreLock(directory: directory)
     let reserve = SpaceReserve(directory: directory, log: log)
     let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock, reserve: reserve)
@@ -70,6 +71,26 @@ public func openEmbeddedStore(directory: String, log: @escaping @Sendable (Strin
         try? fsyncDirectory(parent.isEmpty ? "." : parent)
     }
     return BackingStore(metadata: metadata, blobs: blobs, work: work, locks: locks)
+}
+
+/// Refuse a store folder with a symbolic link in its top two levels, where its folders and
+/// top files are. Store files are opened with O_NOFOLLOW, which guards only a path's last
+/// component: a folder such as `blobs/3f` replaced by a link would send writes wherever it
+/// points. The store never makes a link, so one there is foreign (the folder itself may be one).
+package func refuseSymlinks(in directory: String) throws(StoreError) {
+    func entries(_ folder: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).map { folder + "/" + $0 }
+    }
+    var st = stat()
+    for top in entries(directory) {
+        guard lstat(top, &st) == 0 else { continue }
+        var paths = [top]
+        if (st.st_mode & S_IFMT) == S_IFDIR { paths += entries(top) }
+        for path in paths where lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == S_IFLNK {
+            throw StoreError(errno: ELOOP, "the store folder \(directory) holds a symbolic link, \(path): the store never "
+                             + "follows one (its files stay in its own folder); move what it points to in its place, or remove it")
+        }
+    }
 }
 
 /// Files of the store's top folder that may predate the rule that the store is private (an older

@@ -81,6 +81,37 @@ final class IsolationTests: MountTestCase {
         try unmount()
     }
 
+    /// A folder of the store replaced by a symlink (O_NOFOLLOW guards only a path's last
+    /// component): the mount is refused with one clear line, and nothing is written where the
+    /// link points.
+    func testASymlinkedFolderInTheStoreIsRefused() throws {
+        try mount()
+        XCTAssertEqual(Posix.writeFile(docs("SugoiApp") + "/doc.txt", "the document\n"), 0)
+        try unmount()
+        let blobs = storeDir + "/blobs"
+        let folder = try XCTUnwrap(try FileManager.default.contentsOfDirectory(atPath: blobs)
+            .sorted().first { $0.count == 2 })
+        let elsewhere = workDir + "/elsewhere"
+        XCTAssertEqual(rename(blobs + "/" + folder, elsewhere), 0)
+        XCTAssertEqual(symlink(elsewhere, blobs + "/" + folder), 0)
+        let before = try FileManager.default.contentsOfDirectory(atPath: elsewhere).sorted()
+        let r = ubiquityfs(mountArguments())
+        XCTAssertNotEqual(r.status, 0, "\(r)")
+        XCTAssertTrue(r.stderr.contains("holds a symbolic link, \(blobs)/\(folder)"), r.stderr)
+        XCTAssertEqual(r.stderr.split(separator: "\n").count, 1, r.stderr)
+        XCTAssertFalse(isMounted(mountPoint))
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: elsewhere).sorted(), before)
+        let fsck = ubiquityfs(["fsck", "--store", storeDir])
+        XCTAssertNotEqual(fsck.status, 0, "fsck refuses it too: \(fsck)")
+        // Put back in place, the store opens whole.
+        XCTAssertEqual(unlink(blobs + "/" + folder), 0)
+        XCTAssertEqual(rename(elsewhere, blobs + "/" + folder), 0)
+        try mount()
+        XCTAssertEqual(Posix.readText(docs("SugoiApp") + "/doc.txt"), "the document\n")
+        try unmount()
+        assertStoreWhole()
+    }
+
     /// A handle names a node by its number; the drive view's kernel never holds a private
     /// container's nodes, so a handle made up for one opens nothing, while a real handle of a
     /// shown file opens it.
