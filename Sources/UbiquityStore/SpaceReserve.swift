@@ -8,7 +8,9 @@
 // at once, so the space goes to the namespace: deletes, renames and emptying Recently Deleted
 // keep working. The store allocates the reserve again as soon as the disk has room for it
 // (looked at with statvfs by the calls that need it), and content writes work again with no
-// restart. Each daemon on a store keeps its own view of whether the reserve is given up.
+// restart. Each daemon on a store keeps its own view of whether the reserve is given up, and
+// looks at the file at most every 100 ms of content writes to learn that another daemon gave it
+// up (so that its writes do not eat the space the other freed for names).
 
 import Foundation
 import Synchronization
@@ -26,6 +28,8 @@ final class SpaceReserve: Sendable {
     /// restore can never overlap a release and leave the flag and the file disagreeing.
     private let change = Mutex<Void>(())
     private let disabled = Atomic<Bool>(false)
+    /// Monotonic time of the last look at the file for another daemon's release.
+    private let lastLook = Atomic<UInt64>(0)
     private let directory: String
     private let log: @Sendable (String) -> Void
 
@@ -100,10 +104,32 @@ final class SpaceReserve: Sendable {
     /// Throws ENOSPC while the reserve is released and the disk still has no room for it.
     /// Cheap when it is in place (one atomic load): called before every content write.
     func checkRoom(for what: @autoclosure () -> String) throws(StoreError) {
-        guard released.load(ordering: .relaxed) else { return }
+        if !released.load(ordering: .relaxed) {
+            guard releasedElsewhere() else { return }
+            let noticed = change.withLock { _ -> Bool in
+                guard !released.load(ordering: .acquiring) else { return false }
+                released.store(true, ordering: .releasing)
+                return true
+            }
+            if noticed { log("another daemon of the store released its reserve: the disk is full; new content is refused (ENOSPC) until space is freed") }
+        }
         if !restore() {
             throw StoreError(errno: ENOSPC, "\(what()): the disk holding the store is full (its reserve is in use)")
         }
+    }
+
+    /// Whether the reserve file holds less than its size while this daemon thinks it in place:
+    /// another daemon released it. Looks at most every 100 ms (an lstat), false in between.
+    private func releasedElsewhere() -> Bool {
+        guard !disabled.load(ordering: .relaxed) else { return false }
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let ns = UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+        let last = lastLook.load(ordering: .relaxed)
+        guard ns &- last >= 100_000_000, lastLook.compareExchange(expected: last, desired: ns, ordering: .relaxed).exchanged
+        else { return false }
+        var st = stat()
+        return lstat(path, &st) != 0 || Int64(st.st_blocks) * 512 < size
     }
 
     /// Allocates the reserve again if it is released and the disk has room for it (a statvfs
