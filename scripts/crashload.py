@@ -180,7 +180,7 @@ def check(root, log_path, power=False):
     errors = []
     done = 0
     ever = {}       # name -> every content digest an operation gave it
-    history = {}    # name -> [(operation kind, state it left)], from the round's start
+    history = {}    # name -> [(operation kind, state it left, name it came from)], from the round's start
     floor = {}      # name -> index in history of its last finished fsync'ed write
 
     with open(log_path, "rb") as f:
@@ -195,13 +195,16 @@ def check(root, log_path, power=False):
                 for name, state in r["after"].items():
                     if state:
                         ever.setdefault(name, set()).add(state[0])
-                    h = history.setdefault(name, [(None, None)])
-                    h.append((r["begin"] if name == r["name"] else "moved", state))
+                    h = history.setdefault(name, [(None, None, None)])
+                    if name == r["name"]:
+                        h.append((r["begin"], state, None))
+                    else:
+                        h.append(("moved", state, r["name"]))
             elif begun.get(r["w"], {}).get("op") == r["op"]:
                 r = begun.pop(r["w"])
                 finished.update(r["after"])
                 if r["begin"] == "fsync":
-                    floor[r["name"]] = max(i for i, (kind, _) in enumerate(history[r["name"]]) if kind == "fsync")
+                    floor[r["name"]] = max(i for i, (kind, _, _) in enumerate(history[r["name"]]) if kind == "fsync")
                 done += 1
     open_ops = list(begun.values())
     loose = {m for r in open_ops for m in r["after"]}
@@ -248,26 +251,39 @@ def power_problems(root, history, floor):
     """What breaks the promises of a power cut (see the top)."""
     problems = []
     empty = digest(b"")
-    for name, h in sorted(history.items()):
+
+    def allowed(name, seen):
+        """The contents and attributes `name` may hold: its states since its last fsync; where a
+        rename brought another name's file, what that file may hold too (a cut may keep the
+        rename and lose the file's later content)."""
         start = floor.get(name, 0)
-        since = h[start:]
-        contents = {state[0] if state else None for _, state in since}
-        attrs = {state[1] for _, state in since if state}
+        since = history.get(name, [(None, None, None)])[start:]
+        contents = {state[0] if state else None for _, state, _ in since}
+        attrs = {state[1] for _, state, _ in since if state}
         # An O_TRUNC open empties the file before its write; without a synced floor the file's
         # creation (empty) may be all that survived of it.
-        if name not in floor or any(kind in ("fsync", "close", "moved") for kind, _ in since[1:]):
+        if name not in floor or any(kind in ("fsync", "close", "moved") for kind, _, _ in since[1:]):
             contents.add(empty)
+        for kind, _, source in since:
+            if kind == "moved" and source not in seen:
+                more_contents, more_attrs = allowed(source, seen | {source})
+                contents |= more_contents - {None}
+                attrs |= more_attrs
+        return contents, attrs
+
+    for name, h in sorted(history.items()):
+        contents, attrs = allowed(name, {name})
         got = observed(root, name)
         if (got[0] if got else None) not in contents or (got and got[1] not in attrs):
             problems.append("%s: holds %s, not a state it had since its last fsync (%s)"
-                            % (name, got, "from the start" if name not in floor else since[0][1]))
+                            % (name, got, "from the start" if name not in floor else h[floor[name]][1]))
     names = set(history)
     for entry in sorted(os.listdir(root)):
         if entry in names or ".tmp" in entry:
             continue
         base = entry.split(" (conflict from ")[0]
         got = observed(root, entry)
-        if base == entry or got is None or got[0] not in {s[0] for _, s in history.get(base, []) if s}:
+        if base == entry or got is None or got[0] not in {s[0] for _, s, _ in history.get(base, []) if s}:
             problems.append("%s: holds %s, no state the workload gave a file" % (entry, got))
     return problems
 

@@ -15,12 +15,13 @@
  * test changes it to say that the machine started again.
  *
  * Record: u32 kind, u32 pad, u64 dev, u64 ino, i64 offset, i64 old size, u64 length, then
- * length old bytes (kinds: 1 undo, 2 file synced, 3 everything synced, 4 born). For kinds 2 and 3
- * `offset` is the log's length when the sync began: records before it are durable.
+ * length old bytes (kinds: 1 undo of a write, 2 file synced, 3 everything synced, 4 born, 5 undo
+ * of a truncate or fallocate). For kinds 2 and 3 `offset` is the log's length when the sync
+ * began: records before it are durable.
  *
  * Not modelled (see docs/RELIABILITY.md): directory entries (creating, renaming and unlinking
  * are durable at once), writes through mmap (SQLite's -shm, which SQLite rebuilds after a crash),
- * descriptors made by dup, posix_fallocate (glibc calls the kernel directly), truncate by path,
+ * descriptors made by dup (dup2 onto a tracked one untracks it), posix_fallocate (glibc calls the kernel directly), truncate by path,
  * and any process the library is not preloaded into.
  */
 #define _GNU_SOURCE
@@ -39,7 +40,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-enum { UNDO = 1, SYNC_FILE = 2, SYNC_ALL = 3, BORN = 4 };
+enum { UNDO = 1, SYNC_FILE = 2, SYNC_ALL = 3, BORN = 4, UNDO_SIZE = 5 };
 enum { MAX_FD = 65536 };
 
 struct record {
@@ -57,6 +58,8 @@ static dev_t root_dev;
 static const char *boot_file;
 static unsigned char tracked[MAX_FD];
 static unsigned char synchronous[MAX_FD];
+static dev_t fd_dev[MAX_FD];
+static ino_t fd_ino[MAX_FD];
 
 static int (*real_open)(const char *, int, ...);
 static int (*real_openat)(int, const char *, int, ...);
@@ -71,6 +74,8 @@ static int (*real_fsync)(int);
 static int (*real_fdatasync)(int);
 static int (*real_syncfs)(int);
 static void (*real_sync)(void);
+static int (*real_dup2)(int, int);
+static int (*real_dup3)(int, int, int);
 
 __attribute__((constructor)) static void setup(void) {
     static int done;
@@ -89,6 +94,8 @@ __attribute__((constructor)) static void setup(void) {
     real_fdatasync = dlsym(RTLD_NEXT, "fdatasync");
     real_syncfs = dlsym(RTLD_NEXT, "syncfs");
     real_sync = dlsym(RTLD_NEXT, "sync");
+    real_dup2 = dlsym(RTLD_NEXT, "dup2");
+    real_dup3 = dlsym(RTLD_NEXT, "dup3");
     boot_file = getenv("POWERCUT_BOOT_ID");
     const char *log = getenv("POWERCUT_LOG"), *dir = getenv("POWERCUT_ROOT");
     struct stat st;
@@ -99,24 +106,29 @@ __attribute__((constructor)) static void setup(void) {
 }
 
 /* Appends one record, whole, or ends the process: a lost record would make the restore lie. */
+/* Ends the process with `message`: a record the log lacks would make the restore lie. */
+static void die(const char *message) {
+    syscall(SYS_write, 2, message, strlen(message));
+    _exit(70);
+}
+
 static void append(struct record r, const void *bytes) {
     struct iovec v[2] = {{&r, sizeof r}, {(void *)bytes, r.length}};
     size_t want = sizeof r + r.length;
     ssize_t n;
     do n = syscall(SYS_writev, log_fd, v, r.length ? 2 : 1); while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)want) {
-        static const char message[] = "powercut: cannot append to the log\n";
-        syscall(SYS_write, 2, message, sizeof message - 1);
-        _exit(70);
-    }
+    if (n != (ssize_t)want) die("powercut: cannot append to the log\n");
 }
 
-static int is_tracked(int fd) { return log_fd >= 0 && fd >= 0 && fd < MAX_FD && tracked[fd]; }
+static int is_tracked(int fd) {
+    if (!real_close) setup();
+    return log_fd >= 0 && fd >= 0 && fd < MAX_FD && tracked[fd];
+}
 
 /* A descriptor just opened: tracked if it is a regular file under the root. */
 static void opened(int fd, int flags, int created) {
-    if (log_fd < 0 || fd < 0 || fd >= MAX_FD) return;
-    tracked[fd] = 0;
+    if (log_fd < 0 || fd < 0) return;
+    if (fd < MAX_FD) tracked[fd] = 0;
     char link[64], target[PATH_MAX];
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(link, target, sizeof target - 1);
@@ -125,6 +137,9 @@ static void opened(int fd, int flags, int created) {
     if (strncmp(target, root, root_length) != 0 || (target[root_length] != '/' && target[root_length] != 0)) return;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
+    if (fd >= MAX_FD) die("powercut: a store file got a descriptor past the table\n");
+    fd_dev[fd] = st.st_dev;
+    fd_ino[fd] = st.st_ino;
     tracked[fd] = 1;
     synchronous[fd] = (flags & (O_SYNC | O_DSYNC)) != 0;
     if (created) {
@@ -134,10 +149,15 @@ static void opened(int fd, int flags, int created) {
     }
 }
 
-/* The undo record of a change to [offset, offset + length) of `fd`, under `lock`. */
-static void save(int fd, int64_t offset, uint64_t length, int append_mode) {
+/* The undo record (of `kind`) of a change to [offset, offset + length) of `fd`, under `lock`.
+   A descriptor that is no longer the file it was opened as (closed behind the library's back)
+   is untracked instead. */
+static void save(int fd, int64_t offset, uint64_t length, int append_mode, uint32_t kind) {
     struct stat st;
-    if (fstat(fd, &st) != 0) return;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != fd_dev[fd] || st.st_ino != fd_ino[fd]) {
+        tracked[fd] = 0;
+        return;
+    }
     if (append_mode) offset = st.st_size;
     uint64_t old = 0;
     if (offset < st.st_size) old = (uint64_t)(st.st_size - offset) < length ? (uint64_t)(st.st_size - offset) : length;
@@ -148,14 +168,11 @@ static void save(int fd, int64_t offset, uint64_t length, int append_mode) {
         snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
         int reader = real_open(link, O_RDONLY | O_CLOEXEC);
         bytes = malloc(old);
-        if (reader < 0 || !bytes || pread(reader, bytes, old, offset) != (ssize_t)old) {
-            static const char message[] = "powercut: cannot read what a write replaces\n";
-            syscall(SYS_write, 2, message, sizeof message - 1);
-            _exit(70);
-        }
+        if (reader < 0 || !bytes || pread(reader, bytes, old, offset) != (ssize_t)old)
+            die("powercut: cannot read what a write replaces\n");
         real_close(reader);
     }
-    append((struct record){.kind = UNDO, .dev = st.st_dev, .ino = st.st_ino, .offset = offset,
+    append((struct record){.kind = kind, .dev = st.st_dev, .ino = st.st_ino, .offset = offset,
                            .old_size = st.st_size, .length = old}, bytes);
     free(bytes);
 }
@@ -175,11 +192,11 @@ static uint64_t total(const struct iovec *v, int count) {
 }
 
 /* Runs `call` with its undo record saved first, all under the lock. */
-#define RECORDED(fd, offset, length, append_mode, call)                          \
+#define RECORDED(fd, offset, length, append_mode, kind, call)                    \
     do {                                                                         \
         if (!is_tracked(fd)) return call;                                        \
         pthread_mutex_lock(&lock);                                               \
-        save(fd, offset, length, append_mode);                                   \
+        save(fd, offset, length, append_mode, kind);                             \
         __typeof__(call) result = call;                                          \
         int saved = errno;                                                       \
         if (result >= 0 && synchronous[fd]) synced_file(fd, log_length());       \
@@ -191,37 +208,38 @@ static uint64_t total(const struct iovec *v, int count) {
 static int appending(int fd) { return (fcntl(fd, F_GETFL) & O_APPEND) != 0; }
 
 ssize_t write(int fd, const void *buffer, size_t count) {
-    RECORDED(fd, lseek(fd, 0, SEEK_CUR), count, appending(fd), real_write(fd, buffer, count));
+    RECORDED(fd, lseek(fd, 0, SEEK_CUR), count, appending(fd), UNDO, real_write(fd, buffer, count));
 }
 
 ssize_t pwrite(int fd, const void *buffer, size_t count, off_t offset) {
-    RECORDED(fd, offset, count, 0, real_pwrite(fd, buffer, count, offset));
+    /* (On Linux a pwrite on an O_APPEND descriptor appends.) */
+    RECORDED(fd, offset, count, appending(fd), UNDO, real_pwrite(fd, buffer, count, offset));
 }
 ssize_t pwrite64(int fd, const void *buffer, size_t count, off_t offset) __attribute__((alias("pwrite")));
 
 ssize_t writev(int fd, const struct iovec *v, int count) {
-    RECORDED(fd, lseek(fd, 0, SEEK_CUR), total(v, count), appending(fd), real_writev(fd, v, count));
+    RECORDED(fd, lseek(fd, 0, SEEK_CUR), total(v, count), appending(fd), UNDO, real_writev(fd, v, count));
 }
 
 ssize_t pwritev(int fd, const struct iovec *v, int count, off_t offset) {
-    RECORDED(fd, offset, total(v, count), 0, real_pwritev(fd, v, count, offset));
+    RECORDED(fd, offset, total(v, count), appending(fd), UNDO, real_pwritev(fd, v, count, offset));
 }
 ssize_t pwritev64(int fd, const struct iovec *v, int count, off_t offset) __attribute__((alias("pwritev")));
 
 int ftruncate(int fd, off_t length) {
-    if (!is_tracked(fd)) return real_ftruncate(fd, length);
-    struct stat st;
-    uint64_t cut = fstat(fd, &st) == 0 && st.st_size > length ? (uint64_t)(st.st_size - length) : 0;
-    RECORDED(fd, length, cut, 0, real_ftruncate(fd, length));
+    /* What is cut is read under the lock: from `length` to the end, whatever the end is then. */
+    RECORDED(fd, length, UINT64_MAX, 0, UNDO_SIZE, real_ftruncate(fd, length));
 }
 int ftruncate64(int fd, off_t length) __attribute__((alias("ftruncate")));
 
 int fallocate(int fd, int mode, off_t offset, off_t length) {
-    RECORDED(fd, offset, (uint64_t)length, 0, real_fallocate(fd, mode, offset, length));
+    RECORDED(fd, offset, (uint64_t)length, 0, UNDO_SIZE, real_fallocate(fd, mode, offset, length));
 }
 int fallocate64(int fd, int mode, off_t offset, off_t length) __attribute__((alias("fallocate")));
 
-static int synced(int fd, int (*call)(int)) {
+static int synced(int fd, int (**call_pointer)(int)) {
+    if (!real_close) setup();
+    int (*call)(int) = *call_pointer;
     if (!is_tracked(fd)) return call(fd);
     pthread_mutex_lock(&lock);
     int64_t from = log_length();
@@ -237,8 +255,8 @@ static int synced(int fd, int (*call)(int)) {
     return result;
 }
 
-int fsync(int fd) { return synced(fd, real_fsync); }
-int fdatasync(int fd) { return synced(fd, real_fdatasync); }
+int fsync(int fd) { return synced(fd, &real_fsync); }
+int fdatasync(int fd) { return synced(fd, &real_fdatasync); }
 
 static void synced_all(int64_t from) {
     pthread_mutex_lock(&lock);
@@ -247,6 +265,7 @@ static void synced_all(int64_t from) {
 }
 
 int syncfs(int fd) {
+    if (!real_close) setup();
     struct stat st;
     if (log_fd < 0 || fstat(fd, &st) != 0 || st.st_dev != root_dev) return real_syncfs(fd);
     pthread_mutex_lock(&lock);
@@ -260,6 +279,7 @@ int syncfs(int fd) {
 }
 
 void sync(void) {
+    if (!real_close) setup();
     if (log_fd < 0) { real_sync(); return; }
     pthread_mutex_lock(&lock);
     int64_t from = log_length();
@@ -269,8 +289,22 @@ void sync(void) {
 }
 
 int close(int fd) {
+    if (!real_close) setup();
     if (fd >= 0 && fd < MAX_FD) tracked[fd] = 0;
     return real_close(fd);
+}
+
+/* A descriptor duplicated over another: the one replaced is closed (the copy is not tracked). */
+int dup2(int old, int new) {
+    if (!real_dup2) setup();
+    if (new >= 0 && new < MAX_FD && new != old) tracked[new] = 0;
+    return real_dup2(old, new);
+}
+
+int dup3(int old, int new, int flags) {
+    if (!real_dup3) setup();
+    if (new >= 0 && new < MAX_FD && new != old) tracked[new] = 0;
+    return real_dup3(old, new, flags);
 }
 
 /* The boot id file a test names, in place of the kernel's. */
@@ -288,23 +322,27 @@ static int opened_at(int dir, const char *path, int flags, mode_t mode) {
     path = redirected(path);
     if (log_fd < 0) return real_openat(dir, path, flags, mode);
     int creating = (flags & O_CREAT) && ((flags & O_EXCL) || !exists_at(dir, path));
-    if ((flags & O_TRUNC) && !creating && (flags & O_ACCMODE) != O_RDONLY) {
-        /* The truncation of an existing file is a change to record: open without it, then
-           truncate through the recording ftruncate (or open again as asked, if untracked). */
-        int fd = real_openat(dir, path, flags & ~O_TRUNC, mode);
-        if (fd < 0) return fd;
-        opened(fd, flags, 0);
-        if (!is_tracked(fd)) {
-            real_close(fd);
-            return real_openat(dir, path, flags, mode);
+    if ((flags & O_TRUNC) && !creating) {
+        /* The truncation of an existing file is a change to record: a probe descriptor says
+           whether the file is tracked; if so its content is saved and the open made, both
+           under the lock, so no write comes between. */
+        int probe = real_openat(dir, path, O_RDONLY | O_CLOEXEC | (flags & O_NOFOLLOW));
+        if (probe >= 0) {
+            opened(probe, 0, 0);
+            if (is_tracked(probe)) {
+                pthread_mutex_lock(&lock);
+                save(probe, 0, UINT64_MAX, 0, UNDO_SIZE);
+                int fd = real_openat(dir, path, flags, mode);
+                int saved = errno;
+                tracked[probe] = 0;
+                real_close(probe);
+                if (fd >= 0) opened(fd, flags, 0);
+                pthread_mutex_unlock(&lock);
+                errno = saved;
+                return fd;
+            }
+            close(probe);
         }
-        if (ftruncate(fd, 0) != 0) {
-            int saved = errno;
-            close(fd);
-            errno = saved;
-            return -1;
-        }
-        return fd;
     }
     int fd = real_openat(dir, path, flags, mode);
     if (fd >= 0) {

@@ -27,7 +27,7 @@ import subprocess
 import sys
 
 HEADER = struct.Struct("<IIQQqqQ")
-UNDO, SYNC_FILE, SYNC_ALL, BORN = 1, 2, 3, 4
+UNDO, SYNC_FILE, SYNC_ALL, BORN, UNDO_SIZE = 1, 2, 3, 4, 5
 PAGE = 4096
 
 
@@ -46,7 +46,7 @@ def read_log(path):
     while at + HEADER.size <= len(data):
         kind, _, dev, ino, offset, old_size, length = HEADER.unpack_from(data, at)
         end = at + HEADER.size + length
-        if kind not in (UNDO, SYNC_FILE, SYNC_ALL, BORN) or end > len(data):
+        if kind not in (UNDO, SYNC_FILE, SYNC_ALL, BORN, UNDO_SIZE) or end > len(data):
             raise SystemExit("powercut: %s: a damaged record at %d" % (path, at))
         records.append((at, kind, dev, ino, offset, old_size, data[at + HEADER.size:end]))
         at = end
@@ -67,12 +67,33 @@ def files_under(root):
     return found
 
 
+def kind_of(root, path):
+    """What a store file is, for the summary: chunks, wal, database, work, log or other."""
+    relative = os.path.relpath(path, root)
+    if relative.startswith("blobs/"):
+        return "chunks"
+    if relative.startswith("work/"):
+        return "work"
+    if relative.endswith("-wal"):
+        return "wal"
+    if relative.endswith(".sqlite3"):
+        return "database"
+    if relative.endswith(".log"):
+        return "log"
+    return "other"
+
+
 def undo(fd, record, pages=None):
-    """Writes back what `record` replaced (only the pages in `pages`, if given)."""
+    """Writes back what `record` replaced (only where it meets the 4 KiB file pages in `pages`,
+    if given)."""
     _, _, _, _, offset, old_size, old = record
-    for start in range(0, len(old), PAGE):
-        if pages is None or start // PAGE in pages:
-            os.pwrite(fd, old[start:start + PAGE], offset + start)
+    at = 0
+    while at < len(old):
+        page = (offset + at) // PAGE
+        end = min(len(old), (page + 1) * PAGE - offset)
+        if pages is None or page in pages:
+            os.pwrite(fd, old[at:end], offset + at)
+        at = end
 
 
 def restore(root, log_path, seed):
@@ -90,13 +111,14 @@ def restore(root, log_path, seed):
     pending = {}
     for r in records:
         key = (r[2], r[3])
-        if r[1] != UNDO or r[0] < born.get(key, -1):
+        if r[1] not in (UNDO, UNDO_SIZE) or r[0] < born.get(key, -1):
             continue   # not a write, or a write to an earlier file of that inode number
         if r[0] < max(synced_all, synced.get(key, -1)):
             continue   # a sync after it made it durable
         pending.setdefault(key, []).append(r)
     paths = files_under(root)
     lost = torn = kept = 0
+    kinds = {}
     for key in sorted(pending):
         writes = pending[key]
         path = paths.get(key)
@@ -112,20 +134,24 @@ def restore(root, log_path, seed):
                 undo(fd, r)
                 os.ftruncate(fd, r[5])
             first = writes[keep]
-            if rng.random() < 0.5:
+            if first[1] != UNDO or not first[6] or rng.random() < 0.5:
+                # Whole: a truncate is not torn, nor a write that replaced nothing but the size.
                 undo(fd, first)
                 os.ftruncate(fd, first[5])
             else:
-                count = (len(first[6]) + PAGE - 1) // PAGE
-                undo(fd, first, {p for p in range(count) if rng.random() < 0.5})
+                start = first[4] // PAGE
+                pages = range(start, (first[4] + len(first[6]) - 1) // PAGE + 1)
+                undo(fd, first, {p for p in pages if rng.random() < 0.5})
                 if rng.random() < 0.5:
                     os.ftruncate(fd, first[5])
                 torn += 1
         finally:
             os.close(fd)
         lost += len(writes) - keep
-    print("powercut: %d records; %d files had unsynced writes: %d writes kept, %d lost (%d torn)"
-          % (len(records), len(pending), kept, lost, torn))
+        kinds[kind_of(root, path)] = kinds.get(kind_of(root, path), 0) + len(writes) - keep
+    print("powercut: %d records; %d files had unsynced writes: %d writes kept, %d lost (%d torn); lost by kind: %s"
+          % (len(records), len(pending), kept, lost, torn,
+             ", ".join("%s %d" % kv for kv in sorted(kinds.items())) or "none"))
 
 
 if __name__ == "__main__":

@@ -589,7 +589,7 @@ let fsckCommand = Subcommand(
         for line in report.problems { writeOut("problem: " + line) }
         for line in report.notes { writeOut("note: " + line) }
         if repairing && !report.problems.isEmpty {
-            let repair = try repairStore(store, writer: "\(ProcessInfo.processInfo.hostName) fsck pid \(getpid())")
+            let repair = try repairStore(store, writer: TrashRecord.repairWriter(device: ProcessInfo.processInfo.hostName))
             for line in repair.done { writeOut("repaired: " + line) }
             report = try checkStore(store, full: full)
             for line in report.problems { writeOut("left: " + line) }

@@ -362,7 +362,13 @@ extension UbiquityFileSystem {
         do {
             let v: VersionRecord?
             do { v = try store.metadata.version(c.version) } catch { throw FSError(error) }
-            guard let v else { return }
+            guard let v else {
+                // The version is gone (it did not reach the disk before a power cut): nothing is
+                // left to show, and a record kept would be owed forever.
+                try mutate { s in if s.base.conflicts[c.version] == c { s.add(.deleteMeta(key: c.key)) } }
+                log("inode \(c.file): conflict version \(c.version) is gone; its conflict is dropped")
+                return
+            }
             guard let copy = try publishCopy(of: v, beside: c.file, name: nil, origin: .conflict, conflict: c) else { return }
             log("inode \(c.file): conflict version \(c.version) is shown beside it as \(displayPath(of: copy) ?? "inode \(copy)")")
         } catch {

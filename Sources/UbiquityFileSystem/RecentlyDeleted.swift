@@ -29,6 +29,10 @@ public struct TrashRecord: Sendable, Equatable, MetaRecord {
 
     static let prefix = "deleted."
     var key: String { Self.prefix + String(ino) }
+    /// The writer `fsck --repair` records for the lost+found it makes: an item it put in Recently
+    /// Deleted was rescued, not deleted, so it never expires by age (emptying does take it).
+    public static func repairWriter(device: String) -> String { "\(device) fsck-repair pid \(getpid())" }
+    var isRescued: Bool { writer.split(separator: " ").dropFirst().first == "fsck-repair" }
     var value: String { "\(parent) \(deleted) \(Self.hex(name)) \(trashName.map(Self.hex) ?? "-") \(writer)" }
 
     init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, trashName: [UInt8]? = nil, writer: String) {
@@ -245,7 +249,10 @@ extension UbiquityFileSystem {
             } else {
                 // Oldest first: a folder `rm -rf` deleted goes after what was in it, so an
                 // emptying cut short leaves whole trees behind, restorable as they were.
-                doomed = trashItems(container: container).filter { before == nil || $0.deleted < before! }.reversed().map(\.ino)
+                let rescued = ns.read { Set(state.trashed.values.filter(\.isRescued).map(\.ino)) }
+                doomed = trashItems(container: container).filter {
+                    before == nil || ($0.deleted < before! && !rescued.contains($0.ino))
+                }.reversed().map(\.ino)
             }
             var count = 0
             // One commit per item: a long emptying never holds the namespace for long.

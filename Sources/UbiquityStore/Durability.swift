@@ -10,10 +10,11 @@
 //   another boot means the machine stopped under that writer (a power cut, a crash of the system).
 // - `synced-seq` = a change-log position up to which everything, content included, was made
 //   durable by a sync (one `syncfs` of the content, then a durable commit of the mark).
-// - At a writer's start after such a stop, every file changed after the mark has the chunks of
-//   its versions checked against their checksums; a file whose current content did not reach the
-//   disk goes back to its newest whole version, and versions that lost content leave its
-//   history (their bytes are gone; a restore of one would give garbage). The reverts are ordinary batches of the
+// - At a writer's start after such a stop, every version committed after the mark (the change
+//   log says which) has its chunks checked against their checksums; a file whose current content
+//   did not reach the disk goes back to its newest whole version, and versions that lost content
+//   leave its history (their bytes are gone; a restore of one would give garbage). Where the log
+//   was trimmed past the mark, every version of each file changed since is checked. The reverts are ordinary batches of the
 //   change log (expecting the node unchanged, so a file another writer published since is left
 //   alone), so the model applies them as it applies any other writer's.
 // The single-writer version's marks (`running` = "1", `synced-version` = a version id) are read
@@ -71,41 +72,85 @@ public final class LocalDurability: Durability, @unchecked Sendable {
         if !stale.isEmpty || legacy {
             let synced = ChangeSeq(snapshot.meta[Self.syncedKey] ?? "0") ?? 0
             let legacySynced = VersionID(snapshot.meta[Self.legacySyncedKey] ?? "0") ?? 0
-            for n in snapshot.nodes where n.kind == .regular {
-                guard let version = n.currentVersion, version > 0 else { continue }
-                let change = snapshot.nodeChanges[n.ino] ?? 0
-                guard change > synced || (legacy && version > legacySynced) else { continue }
-                // Every version of a file changed since the mark may have lost content, not only
-                // the current one: one that did is history that never reached the disk, and goes.
-                let all = try metadata.versions(of: n.ino)
-                let lost = all.filter { !$0.chunks.allSatisfy { blobs.verify($0) } }
+            // The versions committed after the mark, from the change log; all versions of the
+            // files changed since, where the log no longer reaches that far back.
+            var candidates: [InodeNumber: Set<VersionID>?] = [:]
+            var fromLog = !legacy
+            if fromLog {
+                do {
+                    for record in try metadata.changes(since: synced) {
+                        for m in record.mutations {
+                            switch m {
+                            case .putVersion(let v): candidates[v.ino, default: []]?.insert(v.id)
+                            case .moveVersions(let from, let to):
+                                if let ids = candidates.removeValue(forKey: from) { candidates[to, default: []]?.formUnion(ids ?? []) }
+                            default: break
+                            }
+                        }
+                    }
+                } catch where error.kind == .trimmed {
+                    fromLog = false
+                }
+            }
+            if !fromLog {
+                for n in snapshot.nodes where n.kind == .regular {
+                    let change = snapshot.nodeChanges[n.ino] ?? 0
+                    if change > synced || (legacy && (n.currentVersion ?? 0) > legacySynced) { candidates[n.ino] = .some(nil) }
+                }
+            }
+            let nodes = Dictionary(snapshot.nodes.map { ($0.ino, $0) }, uniquingKeysWith: { a, _ in a })
+            var whole: [BlobID: Bool] = [:]
+            // A chunk counts as lost only if it fails twice (a read error is not a loss).
+            func isWhole(_ v: VersionRecord) -> Bool {
+                v.chunks.allSatisfy { c in
+                    if let known = whole[c.blob] { return known }
+                    let ok = blobs.verify(c) || blobs.verify(c)
+                    whole[c.blob] = ok
+                    return ok
+                }
+            }
+            var checked = 0
+            for (ino, ids) in candidates.sorted(by: { $0.key < $1.key }) {
+                guard let n = nodes[ino], n.kind == .regular else { continue }
+                let change = snapshot.nodeChanges[ino] ?? 0
+                let all = try metadata.versions(of: ino)
+                let suspects = all.filter { ids == nil || ids!.contains($0.id) }
+                checked += suspects.count
+                let lost = suspects.filter { !isWhole($0) }
                 if lost.isEmpty { continue }
                 let lostIDs = Set(lost.map(\.id))
-                let good = all.last { $0.id <= version && !lostIDs.contains($0.id) }
-                var node = n
-                node.currentVersion = good?.id
-                node.size = good?.size ?? 0
-                var mutations: [Mutation] = good?.id == version ? [] : [.putNode(node)]
-                mutations += lost.map { .deleteVersion($0.id) }
+                var mutations: [Mutation] = lost.map { .deleteVersion($0.id) }
+                var reverted: String?
+                if let version = n.currentVersion, lostIDs.contains(version) {
+                    // Back to the newest whole version of the file's own line (a recovered or
+                    // conflict version is never made current by itself).
+                    let good = all.last { $0.id < version && !lostIDs.contains($0.id) && $0.origin != .recovered && $0.origin != .conflict }
+                    var node = n
+                    node.currentVersion = good?.id
+                    node.size = good?.size ?? 0
+                    mutations.insert(.putNode(node), at: 0)
+                    reverted = "inode \(ino): version \(version) did not reach the disk before the machine stopped; "
+                        + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty")
+                }
                 do {
-                    try metadata.commit(Batch(mutations, expecting: [.nodeAt(ino: n.ino, change: change)],
-                                              writer: writer), durable: false)
+                    try metadata.commit(Batch(mutations, expecting: [.nodeAt(ino: ino, change: change)], writer: writer),
+                                        durable: false)
                 } catch {
                     // Published again since (another writer verifying at once, or one that
                     // started after the stop and published): that content stands.
                     if error.kind == .conflict { continue }
                     throw error
                 }
-                if good?.id != version {
-                    repairs.append("inode \(n.ino): version \(version) did not reach the disk before the machine stopped; "
-                                   + (good.map { "went back to version \($0.id)" } ?? "no whole version left, the file is now empty"))
-                }
-                let older = lost.filter { $0.id != version }.map { String($0.id) }
-                if !older.isEmpty {
-                    repairs.append("inode \(n.ino): earlier version\(older.count == 1 ? "" : "s") \(older.joined(separator: ", ")) "
+                if let reverted { repairs.append(reverted) }
+                let others = lost.filter { $0.id != n.currentVersion }.map { String($0.id) }
+                if !others.isEmpty {
+                    repairs.append("inode \(ino): version\(others.count == 1 ? "" : "s") \(others.joined(separator: ", ")) "
                                    + "did not reach the disk before the machine stopped; removed from its history")
                 }
             }
+            repairs.insert("the machine stopped under \(max(stale.count, 1)) running writer\(stale.count > 1 ? "s" : "") "
+                           + "after change \(synced), the last one synced: checked \(checked) version\(checked == 1 ? "" : "s") "
+                           + "of \(candidates.count) file\(candidates.count == 1 ? "" : "s") committed since", at: 0)
             // Verified: the writers that stopped with the machine are gone (only now: a failure
             // above leaves the marks, so the next start verifies again).
             var done: [Mutation] = stale.map { .deleteMeta(key: $0) }

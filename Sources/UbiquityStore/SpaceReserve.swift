@@ -118,8 +118,9 @@ final class SpaceReserve: Sendable {
         }
     }
 
-    /// Whether the reserve file holds less than its size while this daemon thinks it in place:
-    /// another daemon released it. Looks at most every 100 ms (an lstat), false in between.
+    /// Whether the reserve file is shorter than its size while this daemon thinks it in place:
+    /// another daemon released it (a release truncates it to nothing; its size, not its blocks,
+    /// since some filesystems allocate no blocks ahead). Looks at most every 100 ms (an lstat).
     private func releasedElsewhere() -> Bool {
         guard !disabled.load(ordering: .relaxed) else { return false }
         var now = timespec()
@@ -129,7 +130,7 @@ final class SpaceReserve: Sendable {
         guard ns &- last >= 100_000_000, lastLook.compareExchange(expected: last, desired: ns, ordering: .relaxed).exchanged
         else { return false }
         var st = stat()
-        return lstat(path, &st) != 0 || Int64(st.st_blocks) * 512 < size
+        return lstat(path, &st) != 0 || Int64(st.st_size) < size
     }
 
     /// Allocates the reserve again if it is released and the disk has room for it (a statvfs

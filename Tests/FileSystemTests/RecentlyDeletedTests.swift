@@ -122,6 +122,25 @@ final class RecentlyDeletedTests: XCTestCase {
         XCTAssertEqual((store.blobs as! MemoryBlobStore).blobIDs.count, 0, "their content is freed")
     }
 
+    /// What `fsck --repair` rescued into lost+found was never deleted by anyone: it stays past
+    /// the retention, until someone empties Recently Deleted.
+    func testWhatARepairRescuedNeverExpires() throws {
+        let clock = LockedClock(nowNanoseconds())
+        let f = try fs.makeFile(docs, "kept.txt", b("kept"))
+        fs = nil
+        // The name goes behind the store's back: the file has a link count and no name.
+        try store.metadata.commit(Batch([.deleteDirent(parent: docs, name: b("kept.txt"))]), durable: true)
+        let repair = try repairStore(store, writer: TrashRecord.repairWriter(device: "test"))
+        XCTAssertTrue(repair.done.contains { $0.contains("moved inode \(f)") }, "\(repair.done)")
+        fs = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
+        fs.clock = { clock.now }
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/lost+found"])
+        clock.now += 400 * day
+        try fs.collectGarbage()
+        XCTAssertEqual(fs.trashItems().map(\.originalPath), ["SugoiApp/lost+found"], "kept past the retention")
+        XCTAssertEqual(try fs.emptyTrash(), 1, "emptying takes it")
+    }
+
     func testEmptyOlderThan() throws {
         let clock = LockedClock(nowNanoseconds())
         fs.clock = { clock.now }

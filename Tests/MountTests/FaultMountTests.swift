@@ -89,6 +89,52 @@ final class FaultMountTests: MountTestCase {
         XCTAssertEqual(fsck.status, 0, "\(fsck)")
     }
 
+    /// Ninety failed publishes and commits leave nothing behind: once the faults are gone and the
+    /// kept copies published, the daemon holds no more descriptors than before them, no
+    /// temporary chunk file is left, and no working copy.
+    func testFailuresLeakNothing() throws {
+        faults()
+        try mount()
+        let pid = try daemonPID(of: mountPoint)
+        let names = (0..<10).map { d + "/file-\($0).bin" }
+        // The same calls once without faults first, so that caches are as full before as after.
+        for (i, name) in names.enumerated() {
+            assertShell("head -c \(100_000 + i) /dev/urandom > \(shellQuote(name))")
+            XCTAssertEqual(mkdir(d + "/folder-\(i)", 0o755), 0)
+            XCTAssertEqual(rmdir(d + "/folder-\(i)"), 0)
+        }
+        let descriptorsBefore = descriptors(of: pid)
+        faults("blobWrite EIO")
+        for i in 0..<60 {
+            // Each file's first close reports the failed publish; the later ones within a second
+            // leave the publish to the idle retry (at most one publish per close per second).
+            let written = sh("head -c \(100_000 + i) /dev/urandom > \(shellQuote(names[i % 10]))").succeeded
+            if i < 10 { XCTAssertFalse(written, "publish \(i) fails") }
+        }
+        faults("commit EIO")
+        for i in 0..<30 {
+            XCTAssertNotEqual(Posix.writeFile(d + "/new-\(i).txt", "x"), 0, "create \(i) fails")
+            assertErrno(EIO, "mkdir \(i)") { mkdir(d + "/folder-\(i)", 0o755) }
+        }
+        faults()
+        eventually("the kept copies are published") { names.allSatisfy { self.status($0) == "current" } }
+        XCTAssertEqual(ls(d).filter { !$0.hasPrefix("file-") }, [], "the failed creates left no name")
+        let descriptorsAfter = descriptors(of: pid)
+        XCTAssertLessThanOrEqual(descriptorsAfter, descriptorsBefore + 4,
+                                 "descriptors before the faults \(descriptorsBefore), after \(descriptorsAfter)")
+        let temporary = (try? FileManager.default.contentsOfDirectory(atPath: storeDir + "/blobs/.tmp")) ?? []
+        XCTAssertEqual(temporary, [], "no temporary chunk file is left")
+        let copies = sh("find \(shellQuote(storeDir + "/work")) -type f -not -name lock").lines
+        XCTAssertEqual(copies, [], "no working copy is left")
+        try unmount()
+        assertStoreWhole()
+    }
+
+    /// The number of descriptors process `pid` holds.
+    private func descriptors(of pid: pid_t) -> Int {
+        ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).count
+    }
+
     /// Slow store calls: a create whose commit takes 3 s, while reads and listings of other
     /// files go on being answered.
     func testTheDaemonKeepsServingWhileAStoreCallIsSlow() throws {

@@ -57,6 +57,35 @@ final class IsolationTests: MountTestCase {
         try unmount()
     }
 
+    /// The desktop trash at the root (`.Trash-0`, Recently Deleted) is the store user's: another
+    /// user lists, reads, restores and deletes nothing in it, and makes no trash of its own.
+    func testAnotherUserReachesNothingOfTheDesktopTrash() throws {
+        XCTAssertEqual(chmod(workDir, 0o755), 0)
+        try mount(options: "allow_other")
+        let d = docs("SugoiApp")
+        XCTAssertEqual(Posix.writeFile(d + "/gone.txt", "deleted by root\n", mode: 0o644), 0)
+        XCTAssertEqual(unlink(d + "/gone.txt"), 0)
+        let trash = mountPoint + "/.Trash-0"
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: trash + "/files"), ["gone.txt"])
+        let mode = try XCTUnwrap(Posix.stat(trash)).st_mode
+        XCTAssertEqual(mode & 0o077, 0, "the trash folder is its owner's alone: \(String(mode, radix: 8))")
+        let t = shellQuote(trash)
+        for (script, what) in [("ls \(t)", "list the trash"), ("ls \(t)/files", "list its files"),
+                               ("cat \(t)/files/gone.txt", "read a deleted file"),
+                               ("cat \(t)/info/gone.txt.trashinfo", "read where it was"),
+                               ("mv \(t)/files/gone.txt \(shellQuote(d))/back.txt", "restore it"),
+                               ("rm -f \(t)/files/gone.txt", "delete it for good"),
+                               ("mkdir \(shellQuote(mountPoint))/.Trash-65534", "make a trash of its own")] {
+            let r = asNobody(script)
+            XCTAssertNotEqual(r.status, 0, "nobody may not \(what): \(r)")
+            XCTAssertFalse(r.stdout.contains("gone") || r.stdout.contains("deleted by root"), "\(what): \(r.stdout)")
+        }
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: trash + "/files"), ["gone.txt"], "still there")
+        XCTAssertFalse(Posix.exists(d + "/back.txt"))
+        XCTAssertEqual(Posix.readText(trash + "/files/gone.txt"), "deleted by root\n")
+        try unmount()
+    }
+
     /// A chunk file of the store replaced by a symlink (someone with access to the store's
     /// folder) is not followed: the read fails with EIO and nothing of the link's target shows.
     func testASymlinkPlantedInTheStoreIsNotFollowed() throws {
