@@ -706,6 +706,13 @@ def main():
     try:
         b.main()
         b.report(started)
+        # Figures are never asserted, but the script must work: a workload that failed on the
+        # native folder or on UbiquityFS (or UbiquityFS not mounted) fails the run. Peers may fail.
+        broken = sorted("%s on %s" % (key, name) for (key, name) in b.errors if name in ("native", "ubiquityfs"))
+        broken += ["%s: %s" % (s.name, s.error) for s in b.systems if s.name in ("native", "ubiquityfs") and s.error]
+        if broken:
+            log("peers: failed on the native folder or UbiquityFS: " + "; ".join(broken))
+            code = 1
     except Interrupted as e:
         log("peers: interrupted by signal %d: cleaning up" % e.signum)
         code = 128 + e.signum
