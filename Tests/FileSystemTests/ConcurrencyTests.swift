@@ -4,7 +4,7 @@
 
 import Foundation
 import XCTest
-import UbiquityFileSystem
+@testable import UbiquityFileSystem
 import UbiquityStore
 
 final class ConcurrencyTests: XCTestCase {
@@ -88,6 +88,12 @@ final class ConcurrencyTests: XCTestCase {
         XCTAssertEqual(try hammer([one, two], threads: 6, steps: 200, seed: 7), [])
         XCTAssertTrue(one.publishAll().isEmpty)
         XCTAssertTrue(two.publishAll().isEmpty)
+        // A conflict whose file had no name at that moment owes its copy, which any writer's
+        // next collection (or start) makes: settled here, so a fresh start adds nothing.
+        for fs in [one, two] {
+            try fs.catchUp()
+            fs.makeOwedConflictCopies()
+        }
         try one.catchUp()
         try two.catchUp()
         let expected = try tree(one, try one.ino("SugoiApp"))
