@@ -12,6 +12,9 @@ import XCTest
 /// `UBIQUITYFS_CRASH_ROUNDS` sets the number of rounds (20 by default; `scripts/test --long`
 /// runs more).
 final class CrashTests: MountTestCase {
+    /// A guard against a hung mount (about 2 s a round here), scaled with the rounds.
+    override var testDeadline: Double { Double(Self.rounds) * 15 + 300 }
+
     static var rounds: Int {
         max(1, Int(ProcessInfo.processInfo.environment["UBIQUITYFS_CRASH_ROUNDS"] ?? "") ?? 20)
     }

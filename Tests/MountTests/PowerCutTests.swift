@@ -16,6 +16,9 @@ import Glibc
 import XCTest
 
 final class PowerCutTests: MountTestCase {
+    /// A guard against a hung mount (about 5 s a round here), scaled with the rounds.
+    override var testDeadline: Double { Double(Self.rounds) * 30 + 300 }
+
     static var rounds: Int {
         max(1, Int(ProcessInfo.processInfo.environment["UBIQUITYFS_POWERCUT_ROUNDS"] ?? "") ?? 12)
     }

@@ -7,6 +7,10 @@ import XCTest
 /// per run with fixed seeds, 40,000 of them while a second mount of the same store reads the
 /// file whole after closes. `UBIQUITYFS_FSX_SCALE` scales them (`scripts/test --long`: ten times).
 final class RandomIOTests: MountTestCase {
+    /// A guard against a hung mount, not a timing: the 60,000 operations take about a minute
+    /// here, several on a loaded machine.
+    override var testDeadline: Double { 600 * max(1, Double(ProcessInfo.processInfo.environment["UBIQUITYFS_FSX_SCALE"] ?? "") ?? 1) }
+
     static func operations(_ n: Int) -> Int {
         let scale = Double(ProcessInfo.processInfo.environment["UBIQUITYFS_FSX_SCALE"] ?? "") ?? 1
         return max(100, Int(Double(n) * scale))
