@@ -40,7 +40,13 @@ public struct TrashRecord: Sendable, Equatable, MetaRecord {
         self.writer = writer
     }
 
-    private static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+    // By hand: `String(format:)` per byte was a twentieth of a delete's CPU.
+    private static let hexDigits = Array("0123456789abcdef".utf8)
+    private static func hex(_ bytes: [UInt8]) -> String {
+        var out = [UInt8](); out.reserveCapacity(bytes.count * 2)
+        for b in bytes { out.append(hexDigits[Int(b >> 4)]); out.append(hexDigits[Int(b & 15)]) }
+        return String(decoding: out, as: UTF8.self)
+    }
 
     private static func unhex(_ text: Substring) -> [UInt8]? {
         guard text.count % 2 == 0 else { return nil }
