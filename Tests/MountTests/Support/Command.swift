@@ -33,6 +33,12 @@ struct CommandResult: CustomStringConvertible {
 }
 
 enum Command {
+    /// How many times longer than its nominal deadline a command, a wait or a test may take
+    /// (`UBIQUITYFS_TEST_SLACK`, 3 by default). The deadlines only catch hangs: on a loaded CI host
+    /// whose neighbours steal CPU every part runs two to three times slower, and a slow test that
+    /// is making progress must not fail as if it were hung.
+    static let slack: Double = max(1, Double(ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_SLACK"] ?? "") ?? 3)
+
     /// Runs `argv` (looked up on PATH) with a deadline of `timeout` seconds.
     ///
     /// posix_spawn + waitpid rather than Foundation's Process: Process learns that its child ended
@@ -46,6 +52,7 @@ enum Command {
             unlink(outPath)
             unlink(errPath)
         }
+        let timeout = Int((Double(timeout) * slack).rounded(.up))
         var full = ["/usr/bin/timeout", "--kill-after=5", String(timeout)] + argv
         if let cwd { full = ["/usr/bin/env", "-C", cwd] + full }
         let env = (environment ?? ProcessInfo.processInfo.environment).map { "\($0.key)=\($0.value)" }

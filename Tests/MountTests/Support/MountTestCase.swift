@@ -45,7 +45,7 @@ class MountTestCase: XCTestCase {
         return packageRoot + "/.build/debug/ubiquityfs"
     }
 
-    /// Seconds a single test may run before the watchdog kills its daemon.
+    /// Seconds a single test may run before the watchdog kills its daemon (times `Command.slack`).
     var testDeadline: Double { 150 }
 
     private(set) var workDir = ""
@@ -97,14 +97,14 @@ class MountTestCase: XCTestCase {
         for dir in [appsDir, storeDir, mountPoint, scratchDir, homeDir] {
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         }
-        watchdog = Watchdog(seconds: testDeadline, test: name,
+        watchdog = Watchdog(seconds: testDeadline * Command.slack, test: name,
                             pidFiles: [storeDir + "/daemon.pid", defaultStoreDir + "/daemon.pid"])
         try installSampleManifests()
     }
 
     override func tearDown() {
         if watchdog?.cancel() == true {
-            XCTFail("the watchdog stopped this test after \(Int(testDeadline)) s and killed the daemon (hung mount?)")
+            XCTFail("the watchdog stopped this test after \(Int(testDeadline * Command.slack)) s and killed the daemon (hung mount?)")
         }
         if let run = testRun, run.totalFailureCount > 0 {
             print("--- daemon log (tail) of \(name):\n\(daemonLogTail())")
@@ -299,6 +299,7 @@ class MountTestCase: XCTestCase {
     /// `seconds`.
     func eventually(_ what: String, seconds: Double = 10, file: StaticString = #filePath, line: UInt = #line,
                     _ check: () -> Bool) {
+        let seconds = seconds * Command.slack
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             if check() { return }
@@ -395,7 +396,7 @@ class MountTestCase: XCTestCase {
 
     /// The pid of a running `ubiquityfs` whose arguments include all of `arguments`.
     func ubiquityfsPID(withArguments arguments: [String], seconds: Double = 10) -> pid_t? {
-        let deadline = Date().addingTimeInterval(seconds)
+        let deadline = Date().addingTimeInterval(seconds * Command.slack)
         while Date() < deadline {
             for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
                 guard let pid = pid_t(entry), let data = FileManager.default.contents(atPath: "/proc/\(entry)/cmdline") else { continue }
@@ -423,7 +424,7 @@ class MountTestCase: XCTestCase {
     }
 
     func waitForExit(_ pid: pid_t, seconds: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
+        let deadline = Date().addingTimeInterval(seconds * Command.slack)
         while Date() < deadline {
             if !Watchdog.isLiveProcess(pid, named: nil) { return true }
             usleep(20_000)
