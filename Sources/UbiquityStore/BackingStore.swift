@@ -422,6 +422,9 @@ public protocol BlobStore: AnyObject, Sendable {
     func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int
     /// Make every blob written so far durable (one syncfs instead of one fsync per blob).
     func syncAll() throws(StoreError)
+    /// Make durable every blob written *through this object* so far: enough when no other
+    /// writer's commits name chunks it wrote. A store that cannot tell does `syncAll`.
+    func syncWritten() throws(StoreError)
     func delete(_ blob: BlobID) throws(StoreError)
     /// Recompute a blob's checksum, for recovery and `check`.
     func verify(_ ref: ChunkRef) -> Bool
@@ -433,6 +436,7 @@ public protocol BlobStore: AnyObject, Sendable {
 
 public extension BlobStore {
     func allBlobs() throws(StoreError) -> [BlobID] { try allBlobs(writtenBefore: nil) }
+    func syncWritten() throws(StoreError) { try syncAll() }
 }
 
 /// What a store whose chunks live elsewhere (a shared store) keeps on this machine. The model asks

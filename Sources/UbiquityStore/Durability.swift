@@ -9,7 +9,10 @@
 // - `running/<writer>` = the boot a writer runs in, from its start to its clean stop. A mark of
 //   another boot means the machine stopped under that writer (a power cut, a crash of the system).
 // - `synced-seq` = a change-log position up to which everything, content included, was made
-//   durable by a sync (one `syncfs` of the content, then a durable commit of the mark).
+//   durable by a sync (the content, then a durable commit of the mark). The content is the
+//   chunks this writer wrote since its last sync (an fdatasync each), or everything (one
+//   syncfs) on its first sync and whenever another writer committed versions meanwhile: their
+//   chunks are in other processes' page caches, where only a syncfs reaches them.
 // - At a writer's start after such a stop, every version committed after the mark (the change
 //   log says which) has its chunks checked against their checksums; a file whose current content
 //   did not reach the disk goes back to its newest whole version, and versions that lost content
@@ -46,10 +49,12 @@ public final class LocalDurability: Durability, @unchecked Sendable {
     private let metadata: any MetadataStore
     private let blobs: any BlobStore
     private let work: any WorkArea
-    // `mutex` serializes syncs and guards `syncedThrough`.
+    // `mutex` serializes syncs and guards `syncedThrough` and `writer`.
     private let mutex = StoreMutex()
     /// The last position this writer synced through: nothing to do while the log is not past it.
     private var syncedThrough: ChangeSeq = -1
+    /// The writer `begin` started: commits of its own name only chunks its blob store wrote.
+    private var writer: String?
 
     public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea) {
         self.metadata = metadata
@@ -158,6 +163,7 @@ public final class LocalDurability: Durability, @unchecked Sendable {
             try metadata.commit(Batch(done, writer: writer), durable: true)
         }
         try metadata.commit(Batch([.setMeta(key: Self.runningKey(writer), value: boot)], writer: writer), durable: true)
+        mutex.withLock { self.writer = writer }
         return repairs
     }
 
@@ -165,13 +171,28 @@ public final class LocalDurability: Durability, @unchecked Sendable {
         try mutex.withLock { () throws(StoreError) in
             let upTo = try position()
             if upTo <= syncedThrough { return }   // this writer's last sync covered it
-            // Content first (one syncfs makes every chunk written so far durable, whichever
-            // version names it), then the mark, whose durable commit syncs every earlier commit.
-            try blobs.syncAll()
+            // Content first, then the mark, whose durable commit syncs every earlier commit.
+            if try othersMayHaveWritten(since: syncedThrough) {
+                try blobs.syncAll()       // one syncfs: every chunk written so far, whoever wrote it
+            } else {
+                try blobs.syncWritten()   // the chunks this writer wrote since its last sync
+            }
             let after = try metadata.commit(Batch([.setMeta(key: Self.syncedKey, value: String(upTo))]), durable: true)
             // Commits that landed during the syncfs may name chunks it did not cover: only with
             // none in between does the mark's own position count as synced.
             syncedThrough = after == upTo + 1 ? after : upTo
+        }
+    }
+
+    /// Whether a commit after `seq` may name chunks another writer wrote: one of another
+    /// writer that puts a version (other changes name no new chunk), or any commit when this is
+    /// the first sync or the log cannot say. Caller holds `mutex`.
+    private func othersMayHaveWritten(since seq: ChangeSeq) throws(StoreError) -> Bool {
+        guard let writer, seq >= 0 else { return true }
+        let records: [ChangeRecord]
+        do { records = try metadata.changes(since: seq) } catch where error.kind == .trimmed { return true }
+        return records.contains { record in
+            record.writer != writer && record.mutations.contains { if case .putVersion = $0 { true } else { false } }
         }
     }
 

@@ -12,7 +12,7 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     // MetadataStore
     case load, commit, changes, trim, reserve, versions, version
     // BlobStore (`blobVerify`: a fault makes `verify` return false)
-    case blobWrite, blobRead, blobDelete, syncAll, blobVerify
+    case blobWrite, blobRead, blobDelete, syncAll, syncWritten, blobVerify
     // WorkArea and WorkFile
     case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSetFinished, workSync
     // LockTable (`release` cannot fail)
@@ -305,6 +305,11 @@ public final class FaultInjectingBlobStore: BlobStore, Sendable {
     public func syncAll() throws(StoreError) {
         try plan.check(.syncAll)
         try wrapped.syncAll()
+    }
+
+    public func syncWritten() throws(StoreError) {
+        try plan.check(.syncWritten)
+        try wrapped.syncWritten()
     }
 
     public func delete(_ blob: BlobID) throws(StoreError) {

@@ -3,7 +3,11 @@
 // A blob is written under a temporary name in `blobs/.tmp/` and renamed into place (without
 // replacing: an id collision just draws another id), so a blob file is never half-present
 // under its final name. Durable writes fdatasync the file before the rename and fsync the XX
-// folder after it; non-durable writes are made durable later by one `syncAll()` (syncfs).
+// folder after it; non-durable writes are made durable later, by `syncAll()` (one syncfs of the
+// whole filesystem) or by `syncWritten()`: an fdatasync of each chunk this object wrote since
+// its last sync and an fsync of their XX folders. syncfs writes back every dirty page of the
+// disk (other files' too), so an fsync of a small change costs what that change costs; past
+// `unsyncedLimit` chunks, one syncfs is cheaper than as many journal commits.
 //
 // Reads go through a bounded LRU cache of read-only fds. The cache lock guards only the map; the
 // pread runs outside it on a reference-counted `CachedFD` that closes its fd when the last user
@@ -76,6 +80,14 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
     private let storeLock: StoreLock?
     /// The embedded store's space reserve: while it is in use, no new chunk is written.
     private let reserve: SpaceReserve?
+    // `syncMutex` guards `unsynced` and `unsyncedOverflow`: the chunks written without a sync
+    // since the last `syncAll` or `syncWritten` (or, past the limit, only that there were many).
+    // Never held across a system call.
+    private let syncMutex = StoreMutex()
+    private var unsynced: Set<BlobID> = []
+    private var unsyncedOverflow = false
+    /// More unsynced chunks than this are made durable by one syncfs.
+    static let unsyncedLimit = 64
 
     /// Opens (creating if missing) `<directory>/blobs`. `fdCacheCapacity`: open read fds kept.
     public convenience init(directory: String, fdCacheCapacity: Int = 256) throws(StoreError) {
@@ -178,7 +190,13 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
                 if error.errno == EEXIST { continue }  // id already taken: draw another
                 throw error
             }
-            if durable { try fsyncDirectory(folder(of: id)) }
+            if durable {
+                try fsyncDirectory(folder(of: id))
+            } else {
+                syncMutex.withLock {
+                    if unsynced.count < Self.unsyncedLimit { unsynced.insert(id) } else { unsyncedOverflow = true }
+                }
+            }
             return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
         }
     }
@@ -234,13 +252,64 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
     }
 
     public func syncAll() throws(StoreError) {
-        try syncFilesystem(blobsFD, path: blobsPath)
+        // Taken before the syncfs: a chunk written meanwhile stays listed (synced twice at worst).
+        let taken = takeUnsynced()
+        do throws(StoreError) { try syncFilesystem(blobsFD, path: blobsPath) } catch {
+            giveBack(taken)
+            throw error
+        }
+    }
+
+    public func syncWritten() throws(StoreError) {
+        let taken = takeUnsynced()
+        if taken.overflow {
+            do throws(StoreError) { try syncFilesystem(blobsFD, path: blobsPath) } catch {
+                giveBack(taken)
+                throw error
+            }
+            return
+        }
+        do throws(StoreError) {
+            var folders = Set<UInt8>()
+            for id in taken.ids {
+                let file = path(of: id)
+                let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+                if fd < 0 {
+                    if errno == ENOENT { continue }   // deleted since (a failed publish's): named by no commit
+                    throw systemError("open blob", file, errno)
+                }
+                defer { close(fd) }
+                try fdatasyncChecked(fd, path: file)
+                folders.insert(UInt8(truncatingIfNeeded: id))
+            }
+            // The renames into the XX folders: without these, a synced file may have no name.
+            for low in folders { try fsyncDirectory(blobsPath + "/" + Self.hex2(low)) }
+        } catch {
+            giveBack(taken)
+            throw error
+        }
+    }
+
+    private func takeUnsynced() -> (ids: Set<BlobID>, overflow: Bool) {
+        syncMutex.withLock {
+            defer { unsynced = []; unsyncedOverflow = false }
+            return (unsynced, unsyncedOverflow)
+        }
+    }
+
+    /// A sync failed: what it took is still to be synced (by a syncfs, if there is too much).
+    private func giveBack(_ taken: (ids: Set<BlobID>, overflow: Bool)) {
+        syncMutex.withLock {
+            unsynced.formUnion(taken.ids)
+            if taken.overflow || unsynced.count > Self.unsyncedLimit { unsyncedOverflow = true }
+        }
     }
 
     public func delete(_ blob: BlobID) throws(StoreError) {
         guard blob != 0 else { return }
         let evicted = cacheMutex.withLock { cache.remove(blob) }
         withExtendedLifetime(evicted) {}
+        syncMutex.withLock { _ = unsynced.remove(blob) }
         let file = path(of: blob)
         if retryEINTR({ unlink(file) }) != 0 && errno != ENOENT {
             throw systemError("delete blob", file, errno)
@@ -285,4 +354,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
 
     /// How many read fds are cached now.
     var cachedFDCount: Int { cacheMutex.withLock { cache.count } }
+
+    /// The chunks written and not synced since, and whether there were too many to list.
+    var unsyncedChunks: (ids: Set<BlobID>, overflow: Bool) { syncMutex.withLock { (unsynced, unsyncedOverflow) } }
 }

@@ -357,6 +357,72 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertGreaterThan(blobs.cachedFDCount, 0)
     }
 
+    /// A sync makes durable the chunks this writer wrote, one by one (no syncfs of the disk), but
+    /// syncs everything on a writer's first sync and whenever another writer put versions since
+    /// its last: their chunks sit in another process's writes, which only a syncfs reaches.
+    func testASyncCoversThisWritersChunksAndEverythingAfterAnothersVersions() throws {
+        let plan = FaultPlan()
+        let store = faultInjecting(try fixture.open(), plan: plan)
+        _ = try store.durability.begin(writer: "A", snapshot: try store.metadata.load())
+        func publish(_ ino: InodeNumber, version: VersionID, by writer: String) throws {
+            let chunk = try writeBlob(store.blobs, [UInt8(truncatingIfNeeded: version), 1, 2])
+            try store.metadata.commit(Batch([.putVersion(Sample.version(version, ino: ino, chunks: [chunk])),
+                                             .putNode(Sample.node(ino, size: 3, version: version))], writer: writer),
+                                      durable: false)
+        }
+        func syncs() -> (all: Int, written: Int) { (plan.callCount(.syncAll), plan.callCount(.syncWritten)) }
+
+        try publish(5, version: 1, by: "A")
+        try store.durability.sync()
+        XCTAssertTrue(syncs() == (1, 0), "a writer's first sync covers everything: \(syncs())")
+        try publish(5, version: 2, by: "A")
+        try store.metadata.commit(Batch([.putNode(Sample.node(6))], writer: "B"), durable: false)
+        try store.durability.sync()
+        XCTAssertTrue(syncs() == (1, 1), "its own versions and another's node: its own chunks only: \(syncs())")
+        try publish(7, version: 3, by: "B")
+        try store.durability.sync()
+        XCTAssertTrue(syncs() == (2, 1), "another writer's version: everything: \(syncs())")
+        try store.durability.sync()
+        XCTAssertTrue(syncs() == (2, 1), "nothing committed since: nothing to sync: \(syncs())")
+    }
+
+    /// The embedded blob store lists the chunks it wrote unsynced, up to a limit past which it
+    /// syncs the whole disk; a sync empties the list, a failed one keeps it, a deleted chunk
+    /// leaves it.
+    func testTheBlobStoreListsItsUnsyncedChunks() throws {
+        let blobs = try LocalBlobStore(directory: fixture.directory)
+        let first = try writeBlob(blobs, [1])
+        let second = try writeBlob(blobs, [2])
+        _ = try writeBlob(blobs, [3], durable: true)
+        XCTAssertEqual(blobs.unsyncedChunks.ids, [first.blob, second.blob])
+        try blobs.delete(second.blob)
+        XCTAssertEqual(blobs.unsyncedChunks.ids, [first.blob])
+        // A chunk deleted behind its back (another daemon's collection) is no failure.
+        let third = try writeBlob(blobs, [4])
+        XCTAssertEqual(unlink(blobs.path(of: third.blob)), 0)
+        try blobs.syncWritten()
+        XCTAssertEqual(blobs.unsyncedChunks.ids, [])
+        XCTAssertFalse(blobs.unsyncedChunks.overflow)
+        for i in 0...LocalBlobStore.unsyncedLimit { _ = try writeBlob(blobs, [UInt8(truncatingIfNeeded: i), 9]) }
+        XCTAssertEqual(blobs.unsyncedChunks.ids.count, LocalBlobStore.unsyncedLimit)
+        XCTAssertTrue(blobs.unsyncedChunks.overflow, "past the limit, the next sync is one syncfs")
+        try blobs.syncWritten()
+        XCTAssertEqual(blobs.unsyncedChunks.ids, [])
+        XCTAssertFalse(blobs.unsyncedChunks.overflow)
+        // A chunk that cannot be synced (a symlink planted at its name, which O_NOFOLLOW
+        // refuses) fails the sync and stays listed for the next one.
+        let fourth = try writeBlob(blobs, [5])
+        let file = blobs.path(of: fourth.blob)
+        XCTAssertEqual(rename(file, file + ".away"), 0)
+        XCTAssertEqual(symlink(file + ".away", file), 0)
+        XCTAssertThrowsError(try blobs.syncWritten())
+        XCTAssertEqual(blobs.unsyncedChunks.ids, [fourth.blob])
+        XCTAssertEqual(unlink(file), 0)
+        XCTAssertEqual(rename(file + ".away", file), 0)
+        try blobs.syncWritten()
+        XCTAssertEqual(blobs.unsyncedChunks.ids, [])
+    }
+
     /// Several daemons on one store: a live one's working copies are never another's leftovers;
     /// once it is gone, exactly one other daemon takes them.
     func testALiveDaemonsWorkingCopiesAreNotLeftovers() throws {
