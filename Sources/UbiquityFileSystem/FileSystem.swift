@@ -106,7 +106,10 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Kernel references (entry replies minus forgets) of nodes, counted only when the bridge
     /// reports them: a node whose last name is gone lives on while the kernel still refers to
     /// it (an O_PATH descriptor, a removed working folder), as on a local filesystem.
-    private var lookups: [InodeNumber: UInt64] = [:]  // guarded by docsLock
+    var lookups: [InodeNumber: UInt64] = [:]  // guarded by docsLock
+    /// For each file the kernel opened, the version current at its last open (0: none yet):
+    /// what its page cache may hold, besides what was written through it (`keepsKernelCache`).
+    var kernelContent: [InodeNumber: VersionID] = [:]  // guarded by docsLock
     /// The name the kernel last got each of those nodes by, where it said (a hint: checked
     /// against the namespace before use).
     private var kernelNames: [InodeNumber: KernelName] = [:]  // guarded by docsLock
@@ -356,6 +359,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             }
             lookups[ino] = nil
             kernelNames[ino] = nil
+            kernelContent[ino] = nil   // the kernel dropped the inode, and its pages with it
             return (c > 0, c)
         }
         // The kernel forgets only what it was given: more is a counting bug here, not its.

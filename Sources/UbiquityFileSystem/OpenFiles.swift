@@ -38,6 +38,28 @@ extension UbiquityFileSystem {
 
     static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
 
+    /// Whether the kernel may keep the pages it cached of `ino` at this open (FUSE's
+    /// keep_cache) instead of dropping them, as it does at every open by default. Yes only if
+    /// the file's current version is the one it was at the kernel's last open: its pages then
+    /// hold that version and what was written through this mount since, which the kernel saw.
+    /// Content that changes any other way (another writer, a restore, a conflict, recovery)
+    /// comes with a new version. The answer is recorded for the next open; call after each
+    /// successful open or create of a file, with `truncating` for O_TRUNC.
+    public func keepsKernelCache(_ ino: UInt64, truncating: Bool = false) -> Bool {
+        ns.read {
+            let version = state.nodes[ino].map { $0.currentVersion ?? 0 }
+            return docsLock.withLock {
+                guard let version, lookups[ino] != nil else {
+                    // Not a file of the store (a ghost, a trash node), or not held by the kernel.
+                    kernelContent[ino] = nil
+                    return false
+                }
+                defer { kernelContent[ino] = version }
+                return !truncating && kernelContent[ino] == version
+            }
+        }
+    }
+
     func isFileHandle(_ handle: UInt64) -> Bool {
         docsLock.withLock { if case .file? = handles[handle] { return true } else { return false } }
     }

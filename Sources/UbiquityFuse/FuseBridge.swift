@@ -442,6 +442,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
         do throws(FSError) { fi.pointee.fh = try fs.open(ino, flags: fi.pointee.flags) } catch { r.fail("open", ino, error); return }
+        if fs.keepsKernelCache(ino, truncating: fi.pointee.flags & O_TRUNC != 0) { fi.pointee.keep_cache = 1 }
         r.opened(fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 

@@ -65,6 +65,38 @@ final class SeveralWritersTests: TwoWritersTestCase {
         assertBytes(try one.contents("SugoiApp/Report.txt"), b("from bdraft"), "written over from offset 0")
     }
 
+    /// The kernel may keep a file's pages at an open only while the file's version is the one of
+    /// its last open there: another writer's publish, a restore, or a forget (the kernel's pages
+    /// went with its inode) make the next open drop them; a truncating open never keeps them.
+    func testTheKernelKeepsItsCacheOnlyWhileTheVersionStays() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "cached.txt", b("first"))
+        try two.catchUp()
+        func reopen(_ fs: UbiquityFileSystem, truncating: Bool = false) throws -> Bool {
+            let h = try fs.open(f, flags: O_RDONLY)
+            defer { try? fs.release(handle: h) }
+            return fs.keepsKernelCache(f, truncating: truncating)
+        }
+        XCTAssertFalse(try reopen(two), "not held by the kernel: nothing to keep")
+        two.remember(f)
+        XCTAssertFalse(try reopen(two), "the first open the kernel made")
+        XCTAssertTrue(try reopen(two), "nothing changed since")
+        XCTAssertFalse(try reopen(two, truncating: true))
+        XCTAssertTrue(try reopen(two))
+        try one.writeFile(f, b("second"))
+        XCTAssertTrue(try reopen(two), "two has not applied the other's publish yet: its pages are what it serves")
+        try two.catchUp()
+        XCTAssertFalse(try reopen(two), "another writer published")
+        XCTAssertTrue(try reopen(two))
+        let first = try XCTUnwrap(try store.metadata.versions(of: f).first?.id)
+        _ = try two.restore(f, version: first)
+        XCTAssertFalse(try reopen(two), "a restore")
+        XCTAssertTrue(try reopen(two))
+        two.forget(f, count: 1)
+        two.remember(f)
+        XCTAssertFalse(try reopen(two), "the kernel forgot the file, and its pages")
+    }
+
     /// A writer that fell further behind than the trimmed change log (a daemon stopped for long)
     /// loads the namespace again and still tells the kernel what changed, and an open document
     /// with no changes of its own follows the other's publish.

@@ -141,6 +141,42 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// The kernel keeps a file's pages from one open to the next while the file's version stays
+    /// (keep_cache), and drops them at the first open after the version changed. Shown with the
+    /// file's chunk changed behind the daemons' backs (same length, other bytes): B, whose kernel
+    /// cached the file, reads it as it was without asking its daemon; A, whose kernel last saw
+    /// the file before its publish, drops its pages and reads what the store now holds.
+    func testTheKernelKeepsAnUnchangedFilesPagesAcrossOpens() throws {
+        try mount(extra: Self.longCache)
+        try mountSecond()
+        let a = docs("Notes") + "/cached.txt", b = second + "/Notes/cached.txt"
+        let original = "the first version\n", altered = "THE FIRST VERSION\n"
+        XCTAssertEqual(Posix.writeFile(a, original), 0)
+        eventually("the file on B") { Posix.readText(b) == original }
+        XCTAssertEqual(Posix.readText(b), original)
+        let chunk = try XCTUnwrap(blobFiles().first { FileManager.default.contents(atPath: $0) == Data(original.utf8) },
+                                  "the file's chunk in \(storeDir)/blobs")
+        XCTAssertEqual(Posix.writeFile(chunk, altered, mode: 0o600), 0)
+        defer { _ = Posix.writeFile(chunk, original, mode: 0o600) }
+        XCTAssertEqual(Posix.readText(b), original, "B's kernel kept its pages: the daemon was not asked")
+        XCTAssertEqual(Posix.readText(a), altered, "A's kernel dropped its pages at its first open since the publish")
+        XCTAssertEqual(Posix.writeFile(chunk, original, mode: 0o600), 0)
+        // A new version: B's next open drops what B's kernel holds, even before B's daemon has
+        // told it (its cache times are long).
+        XCTAssertEqual(Posix.writeFile(a, "the second version, longer\n"), 0)
+        eventually("the second version on B") { Posix.readText(b) == "the second version, longer\n" }
+        try unmount(at: second)
+        try unmount()
+    }
+
+    /// Every chunk file of the store.
+    private func blobFiles() -> [String] {
+        let blobs = storeDir + "/blobs"
+        return ((try? FileManager.default.contentsOfDirectory(atPath: blobs)) ?? []).filter { $0.count == 2 }.flatMap { folder in
+            ((try? FileManager.default.contentsOfDirectory(atPath: blobs + "/" + folder)) ?? []).map { blobs + "/" + folder + "/" + $0 }
+        }
+    }
+
     /// An edit saved on a base the other mount replaced meanwhile never overwrites the other's
     /// content: that stays the file's, on both mounts (the edit is kept as a conflict version and
     /// shown beside it as a conflict copy), and the editing mount's kernel does not go on showing
