@@ -412,6 +412,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         let doc: Document? = docsLock.withLock {
             guard let doc = docs[ino], doc.opens == 0 else { return nil }
             docs[ino] = nil
+            // The kernel's pages may hold the discarded writes: a reopen (through /proc) drops them.
+            kernelContent[ino] = nil
             return doc
         }
         doc?.discard()

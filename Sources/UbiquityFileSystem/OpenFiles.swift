@@ -44,7 +44,8 @@ extension UbiquityFileSystem {
     /// hold that version and what was written through this mount since, which the kernel saw.
     /// Content that changes any other way (another writer, a restore, a conflict, recovery)
     /// comes with a new version. The answer is recorded for the next open; call after each
-    /// successful open or create of a file, with `truncating` for O_TRUNC.
+    /// successful open of a file, with `truncating` for O_TRUNC. (A create records nothing: the
+    /// first open after it drops pages the kernel cannot have yet anyway.)
     public func keepsKernelCache(_ ino: UInt64, truncating: Bool = false) -> Bool {
         ns.read {
             let version = state.nodes[ino].map { $0.currentVersion ?? 0 }

@@ -11,8 +11,9 @@
 // - `synced-seq` = a change-log position up to which everything, content included, was made
 //   durable by a sync (the content, then a durable commit of the mark). The content is the
 //   chunks this writer wrote since its last sync (an fdatasync each), or everything (one
-//   syncfs) on its first sync and whenever another writer committed versions meanwhile: their
-//   chunks are in other processes' page caches, where only a syncfs reaches them.
+//   syncfs) on its first sync, whenever another writer committed versions meanwhile (their
+//   chunks are in other processes' writes, which only a syncfs reaches), when the change log
+//   cannot say (trimmed, unreadable), or past the blob store's limit of listed chunks.
 // - At a writer's start after such a stop, every version committed after the mark (the change
 //   log says which) has its chunks checked against their checksums; a file whose current content
 //   did not reach the disk goes back to its newest whole version, and versions that lost content
@@ -172,7 +173,7 @@ public final class LocalDurability: Durability, @unchecked Sendable {
             let upTo = try position()
             if upTo <= syncedThrough { return }   // this writer's last sync covered it
             // Content first, then the mark, whose durable commit syncs every earlier commit.
-            if try othersMayHaveWritten(since: syncedThrough) {
+            if othersMayHaveWritten(since: syncedThrough) {
                 try blobs.syncAll()       // one syncfs: every chunk written so far, whoever wrote it
             } else {
                 try blobs.syncWritten()   // the chunks this writer wrote since its last sync
@@ -186,11 +187,11 @@ public final class LocalDurability: Durability, @unchecked Sendable {
 
     /// Whether a commit after `seq` may name chunks another writer wrote: one of another
     /// writer that puts a version (other changes name no new chunk), or any commit when this is
-    /// the first sync or the log cannot say. Caller holds `mutex`.
-    private func othersMayHaveWritten(since seq: ChangeSeq) throws(StoreError) -> Bool {
+    /// the first sync or the log cannot say (trimmed, unreadable). Caller holds `mutex`.
+    private func othersMayHaveWritten(since seq: ChangeSeq) -> Bool {
         guard let writer, seq >= 0 else { return true }
         let records: [ChangeRecord]
-        do { records = try metadata.changes(since: seq) } catch where error.kind == .trimmed { return true }
+        do { records = try metadata.changes(since: seq) } catch { return true }   // a syncfs covers it all
         return records.contains { record in
             record.writer != writer && record.mutations.contains { if case .putVersion = $0 { true } else { false } }
         }

@@ -283,7 +283,7 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
                 folders.insert(UInt8(truncatingIfNeeded: id))
             }
             // The renames into the XX folders: without these, a synced file may have no name.
-            for low in folders { try fsyncDirectory(blobsPath + "/" + Self.hex2(low)) }
+            for low in folders { try fsyncDirectory(folder(of: BlobID(low))) }
         } catch {
             giveBack(taken)
             throw error
