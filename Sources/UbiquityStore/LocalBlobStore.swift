@@ -251,25 +251,17 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         return handle
     }
 
-    public func syncAll() throws(StoreError) {
-        // Taken before the syncfs: a chunk written meanwhile stays listed (synced twice at worst).
-        let taken = takeUnsynced()
-        do throws(StoreError) { try syncFilesystem(blobsFD, path: blobsPath) } catch {
-            giveBack(taken)
-            throw error
-        }
-    }
+    public func syncAll() throws(StoreError) { try sync(wholeDisk: true) }
 
-    public func syncWritten() throws(StoreError) {
+    public func syncWritten() throws(StoreError) { try sync(wholeDisk: false) }
+
+    /// One syncfs, or an fdatasync of each listed chunk and an fsync of their folders. The list
+    /// is taken first: a chunk written meanwhile stays listed (synced twice at worst), and a
+    /// failed sync gives back what it took.
+    private func sync(wholeDisk: Bool) throws(StoreError) {
         let taken = takeUnsynced()
-        if taken.overflow {
-            do throws(StoreError) { try syncFilesystem(blobsFD, path: blobsPath) } catch {
-                giveBack(taken)
-                throw error
-            }
-            return
-        }
         do throws(StoreError) {
+            if wholeDisk || taken.overflow { return try syncFilesystem(blobsFD, path: blobsPath) }
             var folders = Set<UInt8>()
             for id in taken.ids {
                 let file = path(of: id)
