@@ -33,6 +33,12 @@ final class Document: @unchecked Sendable {
     /// The working copy is marked finished (no handle has changes it has not closed); the next
     /// change unmarks it.
     private var finished = false
+    /// While finished: the handle whose close set the mark. That content is a saved document
+    /// until it is published, so a change through any other handle (a new open's O_TRUNC, another
+    /// program) must publish it first, or a crash would lose it to a copy that is neither. A
+    /// change through the same handle (one descriptor shared by several processes, as in
+    /// `{ a; b; } > out` or `make > log`) only clears the mark, so they don't publish at each exit.
+    private var closedBy: UInt64?
     /// Handles that changed the file since their last flush (close). Finished means none.
     private var unflushed: Set<UInt64> = []
     /// Handles opened with O_TRUNC that have written nothing yet. A close of one of their
@@ -232,6 +238,7 @@ final class Document: @unchecked Sendable {
             if !finished {
                 try work.setFinished(mtime: statLock.withLock { mtime })
                 finished = true
+                closedBy = handle
             }
             // Marked, so a crash keeps what the close left; published at the release.
             return !truncatedAtOpen.contains(handle)
@@ -261,12 +268,26 @@ final class Document: @unchecked Sendable {
 
     /// A change through `handle` is coming: the working copy is no longer a finished document.
     /// The mark is cleared before the change, so a crash in between leaves a side version, never
-    /// a half-changed current one. Caller holds `lock` for writing.
+    /// a half-changed current one. Throws `ClosedContentFirst`, changing nothing, when the
+    /// finished content came from another handle's close (see `closedBy`). Caller holds `lock`
+    /// for writing.
     private func unfinish(by handle: UInt64?) throws {
+        if finished, closedBy != nil, closedBy != handle { throw ClosedContentFirst() }
         if let handle { unflushed.insert(handle) }
         guard finished, let work else { return }
         try work.setFinished(mtime: nil)
         finished = false
+        closedBy = nil
+    }
+
+    /// A change came through another handle than the one whose close left the working copy's
+    /// content: publish that content, then try the change again.
+    struct ClosedContentFirst: Error {}
+
+    /// The closed content will never be published (the file has no name left): a change may
+    /// overwrite it.
+    func dropClosedContent() {
+        lock.write { closedBy = nil }
     }
 
     /// Caller holds `lock` for writing.
@@ -404,6 +425,7 @@ final class Document: @unchecked Sendable {
         let done = work
         work = nil
         finished = false
+        closedBy = nil
         let allocated = allocatedBytes(p.chunks)
         statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
         return done
@@ -439,6 +461,7 @@ final class Document: @unchecked Sendable {
             work = nil
             dirty = []
             finished = false
+            closedBy = nil
             statLock.withLock { publishedSeq = writeSeq; dirtyCount = 0 }
         }
     }

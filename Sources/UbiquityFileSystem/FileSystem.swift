@@ -876,7 +876,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                 }
                 if size > UInt64(Int64.max) { throw FSError(EFBIG, "too large") }
                 let through = handle.flatMap { h in isFileHandle(h) ? h : nil }
-                do { try doc.truncate(to: size, handle: through) } catch { throw FSError(error) }
+                do { try changing(doc) { try doc.truncate(to: size, handle: through) } } catch { throw FSError(error) }
             }
             return try mutate { s in
                 guard case .node(var n) = try changeableTarget(ino) else { throw FSError.readOnly("the mount root is read-only") }

@@ -25,7 +25,7 @@ extension UbiquityFileSystem {
             }
             if flags & O_TRUNC != 0 {
                 // Through the new handle, so the working copy is not finished until it closes.
-                do { try doc.truncate(to: 0, handle: h, atOpen: true) } catch {
+                do { try changing(doc) { try doc.truncate(to: 0, handle: h, atOpen: true) } } catch {
                     doc.released(handle: h)
                     try? releaseDocument(doc)
                     throw FSError(error)
@@ -37,6 +37,22 @@ extension UbiquityFileSystem {
     }
 
     static func mayWrite(_ flags: Int32) -> Bool { flags & O_ACCMODE != O_RDONLY }
+
+    /// Runs `change` (a write or truncate of `doc`). If the working copy holds what another
+    /// handle's close left and that is not yet published (the publish at close is at most once
+    /// a second, the release comes later), it is published first: the next writer's O_TRUNC
+    /// must not take a saved document with it if the daemon dies before the next publish.
+    func changing(_ doc: Document, _ change: () throws -> Void) throws {
+        while true {
+            do { return try change() } catch is Document.ClosedContentFirst {
+                if isNameless(doc.ino) || !doc.hasUnpublishedChanges {
+                    doc.dropClosedContent()   // never to be published, or published already
+                } else {
+                    try publish(doc, durable: false)
+                }
+            }
+        }
+    }
 
     /// Whether the kernel may keep the pages it cached of `ino` at this open (FUSE's
     /// keep_cache) instead of dropping them, as it does at every open by default. Yes only if
@@ -131,7 +147,7 @@ extension UbiquityFileSystem {
             let (doc, flags) = try fileDocument(handle)
             if (flags & O_ACCMODE) == O_RDONLY { throw FSError(EBADF, "file not open for writing") }
             if offset > UInt64(Int64.max) - UInt64(bytes.count) { throw FSError(EFBIG, "too large") }
-            do { try doc.write(bytes, at: offset, handle: handle) } catch { throw FSError(error) }
+            do { try changing(doc) { try doc.write(bytes, at: offset, handle: handle) } } catch { throw FSError(error) }
             return bytes.count
         }
     }

@@ -444,6 +444,63 @@ final class PersistenceTests: XCTestCase {
         XCTAssertTrue(messages.lines.contains { $0.contains("closed before the daemon stopped") }, "\(messages.lines)")
     }
 
+    /// A file saved and closed whose publish waits for the release (a second close within a
+    /// second of the last publish, or a release still on its way) is opened again with O_TRUNC
+    /// and written: that open publishes the closed content first, so a daemon killed in the
+    /// middle of the new write leaves the closed content current, not the one before it.
+    func testANewWriterPublishesTheClosedContentItWouldOverwrite() throws {
+        let store = makeMemoryStore()
+        var reopened: UInt64 = 0, truncated: UInt64 = 0, other: UInt64 = 0, shared: UInt64 = 0
+        do {
+            let fs = try openFS(store)
+            fs.publishesOnClose = false   // the close's publish deferred to a release that never came
+            let docs = try fs.ino("SugoiApp")
+            reopened = try fs.makeFile(docs, "report.txt", b("old"))
+            let h1 = try fs.open(reopened, flags: O_WRONLY | O_TRUNC)
+            try fs.put(h1, b("saved and closed"), at: 0)
+            try fs.flush(handle: h1)
+            XCTAssertEqual(try store.metadata.versions(of: reopened).count, 1, "the close published nothing")
+            let h2 = try fs.open(reopened, flags: O_WRONLY | O_TRUNC)
+            XCTAssertEqual(try store.metadata.versions(of: reopened).count, 2, "the O_TRUNC open published the closed content")
+            try fs.put(h2, b("half writ"), at: 0)
+            // truncate(2) by path, after a close.
+            truncated = try fs.makeFile(docs, "cut.txt", b("old"))
+            let t1 = try fs.open(truncated, flags: O_RDWR)
+            try fs.put(t1, b("closed, long"), at: 0)
+            try fs.flush(handle: t1)
+            _ = try fs.setattr(truncated, AttributeChanges(size: 6), handle: nil, caller: owner)
+            // A handle opened before the close, writing after it.
+            other = try fs.makeFile(docs, "other.txt", b("old"))
+            let early = try fs.open(other, flags: O_WRONLY)
+            let o1 = try fs.open(other, flags: O_WRONLY)
+            try fs.put(o1, b("closed"), at: 0)
+            try fs.flush(handle: o1)
+            try fs.put(early, b("X"), at: 0)
+            // The same handle again (a descriptor several processes share): only the mark goes.
+            shared = try fs.makeFile(docs, "log.txt", b("one"))
+            let s1 = try fs.open(shared, flags: O_WRONLY)
+            try fs.put(s1, b("two"), at: 0)
+            try fs.flush(handle: s1)
+            try fs.put(s1, b("three"), at: 0)
+            // kill -9: the filesystem object is dropped here.
+        }
+        let fs = try openFS(store)
+        for (ino, current, side) in [(reopened, "saved and closed", "half writ"), (other, "closed", "Xlosed"),
+                                     (shared, "one", "three")] {
+            assertBytes(try fs.contents(ino), b(current), "inode \(ino)")
+            let versions = try store.metadata.versions(of: ino)
+            XCTAssertEqual(versions.map(\.origin), current == "one" ? [.published, .recovered] : [.published, .published, .recovered],
+                           "inode \(ino)")
+            assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), b(side), "inode \(ino)'s recovered version")
+        }
+        // The truncate by path published the closed content first; the cut, with the file still
+        // open, is what recovery keeps beside it.
+        assertBytes(try fs.contents(truncated), b("closed, long"))
+        XCTAssertEqual(try store.metadata.versions(of: truncated).map(\.size), [3, 12, 6])
+        XCTAssertEqual(try store.metadata.versions(of: truncated).last?.origin, .recovered)
+        XCTAssertEqual(try store.work.leftovers().count, 0)
+    }
+
     /// A finished copy whose base is no longer the file's current version (another writer
     /// published meanwhile) must not replace that version: it becomes a conflict, as the
     /// publish the daemon did not get to would have.

@@ -78,6 +78,49 @@ final class DurabilityTests: MountTestCase {
         }
     }
 
+    /// A save whose publish waits for the release (a close within a second of the file's last
+    /// publish while a reader keeps it open; or an O_TRUNC descriptor closed without a write, as
+    /// `: > f` does), then, before that release, an O_TRUNC open and a write that the daemon's
+    /// death interrupts: the saved content is the file's after the restart, not the one before
+    /// it. A descriptor duplicated before the close holds the release back, as a busy kernel's
+    /// late release does.
+    func testKillDuringARewriteKeepsTheSaveBeforeIt() throws {
+        try mount()
+        let limited = docs("SugoiApp") + "/rewritten.txt", emptied = docs("SugoiApp") + "/emptied.txt"
+        var descriptors: [Int32] = []
+        defer { for fd in descriptors { close(fd) } }
+        func rewrite(_ path: String, saving text: String) {
+            let saved = Posix.open(path, O_WRONLY | O_TRUNC)
+            XCTAssertGreaterThanOrEqual(saved, 0)
+            XCTAssertEqual(write(saved, text, text.utf8.count), text.utf8.count)
+            descriptors.append(dup(saved))
+            XCTAssertEqual(close(saved), 0)
+            let next = Posix.open(path, O_WRONLY | O_TRUNC)
+            XCTAssertGreaterThanOrEqual(next, 0)
+            XCTAssertEqual(write(next, "half", 4), 4)
+            descriptors.append(next)
+        }
+        XCTAssertEqual(Posix.writeFile(emptied, "first\n"), 0)
+        rewrite(emptied, saving: "")
+        descriptors.append(Posix.open(limited, O_RDONLY | O_CREAT))
+        XCTAssertEqual(Posix.writeFile(limited, "first\n"), 0)   // published at its close
+        rewrite(limited, saving: "saved\n")
+        guard let pid = readDaemonPID() else { throw FixtureError("no daemon pid") }
+        kill(pid, SIGKILL)
+        XCTAssertTrue(waitForExit(pid, seconds: 10), "the daemon survived SIGKILL")
+        for fd in descriptors { close(fd) }
+        descriptors = []
+        clearDeadMount(mountPoint)
+        try mount()
+        XCTAssertEqual(Posix.readText(limited), "saved\n")
+        XCTAssertEqual(Posix.readText(emptied), "")
+        // What the interrupted writes had done is kept as a version beside each.
+        for path in [limited, emptied] {
+            let versions = ubiquityfs(["versions", path])
+            XCTAssertTrue(versions.stdout.contains("recovered"), "\(versions)")
+        }
+    }
+
     /// A `kill -9` of the daemon while it empties Recently Deleted: what it deleted is gone
     /// whole, what it had not reached is still there and still readable, and emptying again
     /// finishes the job.
