@@ -102,10 +102,15 @@ final class TrashPlaceholders: @unchecked Sendable {
     /// Info names of items that just left the trash through it (restored, or deleted for good):
     /// the file manager deletes the info file next, and that must not fail.
     private var left: [[UInt8]: UInt64] = [:]
+    private var leftPruned: UInt64 = 0
     func noteLeft(_ name: [UInt8]) {
         let now = monotonicNanoseconds()
         lock.withLock {
-            left = left.filter { now &- $0.value < 60_000_000_000 }
+            // Pruned once a second, not at each call: GIO empties a trash item by item.
+            if now &- leftPruned >= 1_000_000_000 {
+                left = left.filter { now &- $0.value < 60_000_000_000 }
+                leftPruned = now
+            }
             left[name] = now
         }
     }
@@ -115,15 +120,49 @@ final class TrashPlaceholders: @unchecked Sendable {
 struct TrashNames: Sendable {
     var byName: [[UInt8]: InodeNumber] = [:]
     var byIno: [InodeNumber: [UInt8]] = [:]
+    /// Every item by name, for the listings of `files/` and `info/`.
+    var sorted: [(name: [UInt8], ino: InodeNumber, kind: NodeKind)] = []
+    /// The next number to try for each wanted name that is taken (GIO's `name.N.ext`).
+    var next: [[UInt8]: Int] = [:]
+
+    /// Give item `ino` the name it wants, or the first free `name.N.ext` after it.
+    mutating func add(_ ino: InodeNumber, wanting wanted: [UInt8], kind: NodeKind) {
+        var name = wanted
+        var n = next[wanted] ?? 2
+        while byName[name] != nil { name = gioUniqueName(wanted, n); n += 1 }
+        next[wanted] = n
+        byName[name] = ino
+        byIno[ino] = name
+        sorted.insert((name, ino, kind), at: position(of: name))
+    }
+
+    mutating func remove(_ ino: InodeNumber) {
+        guard let name = byIno.removeValue(forKey: ino) else { return }
+        byName[name] = nil
+        let i = position(of: name)
+        if i < sorted.count, sorted[i].ino == ino { sorted.remove(at: i) }
+    }
+
+    /// Where `name` is in `sorted`, or would go.
+    private func position(of name: [UInt8]) -> Int {
+        var low = 0, high = sorted.count
+        while low < high {
+            let mid = (low + high) / 2
+            if sorted[mid].name.lexicographicallyPrecedes(name) { low = mid + 1 } else { high = mid }
+        }
+        return low
+    }
 }
 
-/// The last `trashNames` worked out, and the namespace position it holds for.
+/// The desktop trash's names as of the namespace's trash edits it has followed.
 final class TrashNameCache: @unchecked Sendable {
-    private let lock = Lock()
-    private var seq: ChangeSeq = -1
-    private var names = TrashNames()
-    func get(at seq: ChangeSeq) -> TrashNames? { lock.withLock { self.seq == seq ? names : nil } }
-    func set(_ names: TrashNames, at seq: ChangeSeq) { lock.withLock { self.seq = seq; self.names = names } }
+    let lock = Lock()
+    // Guarded by lock.
+    var epoch: UInt64?
+    var applied = 0
+    var names = TrashNames()
+    /// How many times the names were worked out from scratch (for tests).
+    var rebuilds = 0
 }
 
 extension UbiquityFileSystem {
@@ -144,36 +183,53 @@ extension UbiquityFileSystem {
 
     /// Trash names of the Recently Deleted items of shown containers: the one GIO gave, else the
     /// item's own name; `name.2.ext`, `name.3.ext`, … (GIO's rule) for later alike ones. Worked
-    /// out once per namespace position (a listing looks up every entry). Caller holds ns.
+    /// out in deletion order at a start (or a reload), then kept up one edit at a time: a name
+    /// stays while its item is there. Caller holds ns.
     func trashNames() -> TrashNames {
-        if let cached = trashNameCache.get(at: state.seq) { return cached }
-        var names = TrashNames()
-        var next: [[UInt8]: Int] = [:]
-        let items = state.trashed.values.filter { r in
-            state.nodes[r.ino].flatMap { state.containers[$0.container] }.map(policy.isShown) ?? false
-        }.sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }
-        for r in items {
-            let wanted = r.trashName ?? r.name
-            var name = wanted
-            var n = next[wanted] ?? 2
-            while names.byName[name] != nil { name = gioUniqueName(wanted, n); n += 1 }
-            next[wanted] = n
-            names.byName[name] = r.ino
-            names.byIno[r.ino] = name
+        trashNameCache.lock.withLock {
+            let c = trashNameCache
+            if c.epoch != state.trashEpoch || c.applied > state.trashEdits.count {
+                var names = TrashNames()
+                let items = state.trashed.values.filter(isShownInTrash).sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }
+                for r in items { names.add(r.ino, wanting: r.trashName ?? r.name, kind: state.nodes[r.ino]?.kind ?? .regular) }
+                c.names = names
+                c.rebuilds += 1
+                c.epoch = state.trashEpoch
+                c.applied = state.trashEdits.count
+            }
+            while c.applied < state.trashEdits.count {
+                let ino = state.trashEdits[c.applied]
+                c.applied += 1
+                c.names.remove(ino)
+                if let r = state.trashed[ino], isShownInTrash(r) {
+                    c.names.add(ino, wanting: r.trashName ?? r.name, kind: state.nodes[ino]?.kind ?? .regular)
+                }
+            }
+            return c.names
         }
-        trashNameCache.set(names, at: state.seq)
-        return names
     }
+
+    /// Whether Recently Deleted item `r` is in a shown container. Caller holds ns.
+    private func isShownInTrash(_ r: TrashRecord) -> Bool {
+        state.nodes[r.ino].flatMap { state.containers[$0.container] }.map(policy.isShown) ?? false
+    }
+
+    /// What a `.trashinfo` path keeps as it is (the rest is percent-encoded).
+    private static let infoPathCharacters: CharacterSet = {
+        var allowed = CharacterSet.alphanumerics
+        allowed.insert(charactersIn: "-._~/")
+        return allowed
+    }()
 
     /// The `.trashinfo` text of item `r`. Caller holds ns.
     func trashInfo(_ r: TrashRecord) -> [UInt8] {
-        let f = DateFormatter()
-        f.locale = Locale(identifier: "en_US_POSIX")
-        f.dateFormat = "yyyy-MM-dd'T'HH:mm:ss"
-        let when = f.string(from: Date(timeIntervalSince1970: TimeInterval(r.deleted) / 1e9))
-        var allowed = CharacterSet.alphanumerics
-        allowed.insert(charactersIn: "-._~/")
-        let path = trashOriginalPath(r).addingPercentEncoding(withAllowedCharacters: allowed) ?? ""
+        // Local time, as GIO writes it. Not a DateFormatter: a listing of info/ sizes every item.
+        var seconds = time_t(r.deleted / 1_000_000_000)
+        var t = tm()
+        localtime_r(&seconds, &t)
+        func two(_ v: Int32) -> String { v < 10 ? "0\(v)" : "\(v)" }
+        let when = "\(t.tm_year + 1900)-\(two(t.tm_mon + 1))-\(two(t.tm_mday))T\(two(t.tm_hour)):\(two(t.tm_min)):\(two(t.tm_sec))"
+        let path = trashOriginalPath(r).addingPercentEncoding(withAllowedCharacters: Self.infoPathCharacters) ?? ""
         return Array("[Trash Info]\nPath=\(path)\nDeletionDate=\(when)\n".utf8)
     }
 
@@ -278,6 +334,12 @@ extension UbiquityFileSystem {
         }
     }
 
+    /// Whether `name` is the `.trashinfo` of an item of `names`.
+    private func isInfoName(_ name: [UInt8], in names: TrashNames) -> Bool {
+        name.count > Self.infoSuffix.count && name.suffix(Self.infoSuffix.count).elementsEqual(Self.infoSuffix)
+            && names.byName[Array(name.dropLast(Self.infoSuffix.count))] != nil
+    }
+
     /// The item whose `.trashinfo` is `name`.
     private func infoItem(named name: [UInt8]) -> InodeNumber? {
         guard name.count > Self.infoSuffix.count, name.suffix(Self.infoSuffix.count).elementsEqual(Self.infoSuffix) else { return nil }
@@ -296,21 +358,13 @@ extension UbiquityFileSystem {
             list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
         case .files:
             list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
-            ns.read {
-                for (ino, name) in trashNames().byIno.sorted(by: { $0.value.lexicographicallyPrecedes($1.value) }) {
-                    list.append((name, ino, state.nodes[ino]?.kind ?? .regular))
-                }
-            }
+            list += ns.read { trashNames().sorted }.lazy.map { ($0.name, $0.ino, $0.kind) }
         case .info:
             list.append(([0x2e, 0x2e], TrashNode.top.ino, .directory))
-            let names = ns.read { trashNames().byIno }
-            var seen: Set<[UInt8]> = []
-            for (ino, name) in names.sorted(by: { $0.value.lexicographicallyPrecedes($1.value) }) {
-                let info = name + Self.infoSuffix
-                seen.insert(info)
-                list.append((info, TrashNode.infoFile(ino).ino, .regular))
-            }
-            for (id, p) in trashPlaceholders.all() where !seen.contains(p.name) && p.alias == nil {
+            let names = ns.read { trashNames() }
+            list.reserveCapacity(names.sorted.count + 2)
+            for item in names.sorted { list.append((item.name + Self.infoSuffix, TrashNode.infoFile(item.ino).ino, .regular)) }
+            for (id, p) in trashPlaceholders.all() where p.alias == nil && !isInfoName(p.name, in: names) {
                 list.append((p.name, TrashNode.placeholder(id).ino, .regular))
             }
         default:

@@ -165,6 +165,33 @@ final class DesktopTrashTests: XCTestCase {
         assertErrno(ENOENT, try fs.unlink(parent: files, name: b("x.txt")), "not the other item")
     }
 
+    /// GIO lists the trash again after each item it deletes: the names follow each change one
+    /// by one (worked out from scratch once), and every listing shows exactly the items there.
+    func testTheTrashNamesFollowEachChangeWithoutStartingOver() throws {
+        var expected: Set<String> = []
+        for i in 0..<300 {
+            let name = "f\(i % 100).txt"   // three alike items per name
+            try fs.makeFile(docs, name, b("x"))
+            try fs.unlink(parent: docs, name: b(name))
+            let names = try fs.names(files)
+            XCTAssertEqual(names, names.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }, "in name order")
+            let new = Set(names).subtracting(expected)
+            XCTAssertEqual(new.count, 1, "one new name after delete \(i)")
+            expected.formUnion(new)
+            XCTAssertEqual(Set(names), expected)
+        }
+        XCTAssertTrue(expected.contains("f7.2.txt") && expected.contains("f7.3.txt"), "\(expected.sorted())")
+        for name in expected.sorted() {
+            try fs.unlink(parent: files, name: b(name))
+            expected.remove(name)
+            XCTAssertEqual(Set(try fs.names(files)), expected)
+            XCTAssertEqual(Set(try fs.names(info)), Set(expected.map { $0 + ".trashinfo" }))
+        }
+        XCTAssertEqual(fs.trashItems(), [])
+        XCTAssertLessThanOrEqual(fs.trashNameCache.lock.withLock { fs.trashNameCache.rebuilds }, 2,
+                                 "a rebuild at the first listing (and one when the edits kept run out)")
+    }
+
     /// However an item comes or goes (a plain unlink, the CLI's restore), files/ and info/ get a
     /// new mtime (GVfs lists them again only then) and the kernel is told to drop what it holds.
     func testTheTrashFoldersChangeWithRecentlyDeleted() throws {
