@@ -125,15 +125,16 @@ struct TrashNames: Sendable {
     /// The next number to try for each wanted name that is taken (GIO's `name.N.ext`).
     var next: [[UInt8]: Int] = [:]
 
-    /// Give item `ino` the name it wants, or the first free `name.N.ext` after it.
-    mutating func add(_ ino: InodeNumber, wanting wanted: [UInt8], kind: NodeKind) {
+    /// Give item `ino` the name it wants, or the first free `name.N.ext` after it; `sorting`:
+    /// put it in `sorted` too (else the caller sorts once at the end).
+    mutating func add(_ ino: InodeNumber, wanting wanted: [UInt8], kind: NodeKind, sorting: Bool = true) {
         var name = wanted
         var n = next[wanted] ?? 2
         while byName[name] != nil { name = gioUniqueName(wanted, n); n += 1 }
         next[wanted] = n
         byName[name] = ino
         byIno[ino] = name
-        sorted.insert((name, ino, kind), at: position(of: name))
+        if sorting { sorted.insert((name, ino, kind), at: position(of: name)) } else { sorted.append((name, ino, kind)) }
     }
 
     mutating func remove(_ ino: InodeNumber) {
@@ -161,6 +162,8 @@ final class TrashNameCache: @unchecked Sendable {
     var epoch: UInt64?
     var applied = 0
     var names = TrashNames()
+    /// Whether two items wanted one name when `names` were worked out (some may be `name.N`).
+    var uniquified = false
     /// How many times the names were worked out from scratch (for tests).
     var rebuilds = 0
 }
@@ -182,17 +185,23 @@ extension UbiquityFileSystem {
     }
 
     /// Trash names of the Recently Deleted items of shown containers: the one GIO gave, else the
-    /// item's own name; `name.2.ext`, `name.3.ext`, … (GIO's rule) for later alike ones. Worked
-    /// out in deletion order at a start (or a reload), then kept up one edit at a time: a name
-    /// stays while its item is there. Caller holds ns.
+    /// item's own name; `name.2.ext`, `name.3.ext`, … (GIO's rule) for later alike ones, in
+    /// deletion order. While no two items want one name (the usual case: a delete picks a free
+    /// one), each name is the wanted one, and the names follow the namespace's trash edits one
+    /// by one; else they are worked out whole at each change. Caller holds ns.
     func trashNames() -> TrashNames {
         trashNameCache.lock.withLock {
             let c = trashNameCache
-            if c.epoch != state.trashEpoch || c.applied > state.trashEdits.count {
+            if c.epoch != state.trashEpoch || c.applied > state.trashEdits.count
+                || (c.applied < state.trashEdits.count && (state.trashNameCollisions > 0 || c.uniquified)) {
                 var names = TrashNames()
                 let items = state.trashed.values.filter(isShownInTrash).sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }
-                for r in items { names.add(r.ino, wanting: r.trashName ?? r.name, kind: state.nodes[r.ino]?.kind ?? .regular) }
+                for r in items {
+                    names.add(r.ino, wanting: r.trashName ?? r.name, kind: state.nodes[r.ino]?.kind ?? .regular, sorting: false)
+                }
+                names.sorted.sort { $0.name.lexicographicallyPrecedes($1.name) }
                 c.names = names
+                c.uniquified = state.trashNameCollisions > 0
                 c.rebuilds += 1
                 c.epoch = state.trashEpoch
                 c.applied = state.trashEdits.count

@@ -35,6 +35,9 @@ final class Namespace: @unchecked Sendable {
     /// How many items of `trashed` want each trash name (more than one: the desktop's trash
     /// shows the later ones as `name.2.ext`, …).
     private(set) var trashNameCounts: [[UInt8]: Int] = [:]
+    /// How many trash names more than one item wants (two writers deleting alike names at
+    /// once). While there are any, the desktop trash's names are worked out whole at each change.
+    private(set) var trashNameCollisions = 0
     /// The items whose Recently Deleted record changed, in order, since `trashEpoch` began: the
     /// desktop trash's names follow them one by one, instead of being worked out again for
     /// every item at each change (GIO lists the trash again after each item it deletes, so
@@ -70,6 +73,7 @@ final class Namespace: @unchecked Sendable {
             trashNamesInUse[r.trashName ?? r.name] = r.ino
             trashNameCounts[r.trashName ?? r.name, default: 0] += 1
         }
+        trashNameCollisions = trashNameCounts.values.filter { $0 > 1 }.count
         trashedFolders = Set(trashed.keys.filter { nodes[$0]?.kind == .directory })
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
@@ -91,6 +95,7 @@ final class Namespace: @unchecked Sendable {
         trashNamesInUse = other.trashNamesInUse
         trashedFolders = other.trashedFolders
         trashNameCounts = other.trashNameCounts
+        trashNameCollisions = other.trashNameCollisions
         trashChangedAt = nowNanoseconds()
         startTrashEpoch()
         maxIno = other.maxIno
@@ -197,12 +202,16 @@ extension Namespace {
         if let old = trashed[ino] {
             let name = old.trashName ?? old.name
             if trashNamesInUse[name] == ino { trashNamesInUse[name] = nil }
-            if let n = trashNameCounts[name] { trashNameCounts[name] = n > 1 ? n - 1 : nil }
+            if let n = trashNameCounts[name] {
+                trashNameCounts[name] = n > 1 ? n - 1 : nil
+                if n == 2 { trashNameCollisions -= 1 }
+            }
         }
         TrashRecord.note(key: key, value: value, in: &trashed)
         if let new = trashed[ino] {
             trashNamesInUse[new.trashName ?? new.name] = ino
             trashNameCounts[new.trashName ?? new.name, default: 0] += 1
+            if trashNameCounts[new.trashName ?? new.name] == 2 { trashNameCollisions += 1 }
         }
         if trashed[ino] != nil, nodes[ino]?.kind == .directory { trashedFolders.insert(ino) } else { trashedFolders.remove(ino) }
         trashChangedAt = nowNanoseconds()
