@@ -512,6 +512,47 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(packed.withUnsafeBytes { ChunkPacking.unpack($0) }, chunks)
         XCTAssertNil([UInt8](repeating: 0, count: 21).withUnsafeBytes { ChunkPacking.unpack($0) })
     }
+
+    /// A removed working copy's files are emptied and kept (a few pairs at most) for the next
+    /// working copy, which starts empty; a map whose recorded inode differs from its name is no
+    /// working copy; another daemon's recovery of the folder removes the spares.
+    func testARemovedWorkingCopysFilesAreReusedEmpty() throws {
+        let directory = fixture.directory + "/reuse"
+        var work: LocalWorkArea? = try LocalWorkArea(directory: directory)
+        let folder = work!.workPath
+        func inode(_ path: String) -> ino_t? { var st = stat(); return stat(path, &st) == 0 ? st.st_ino : nil }
+        let first = try work!.create(ino: 8)
+        try writeWork(first, [UInt8](repeating: 7, count: 3000), at: 0)
+        try first.markDirty(0)
+        try first.setFinished(mtime: 5)
+        let used = inode(folder + "/8.data")
+        first.remove()
+        XCTAssertTrue(try workingCopies(work!).isEmpty)
+        let second = try work!.create(ino: 9)
+        XCTAssertEqual(inode(folder + "/9.data"), used, "the same file, renamed")
+        XCTAssertEqual(try readWork(second, at: 0, count: 10), [])
+        let left = try workingCopies(work!)
+        XCTAssertEqual(left.map(\.ino), [9])
+        XCTAssertEqual(left.first?.dirtyChunks, [])
+        XCTAssertEqual(left.first?.finished, false)
+        XCTAssertEqual(left.first?.size, 0)
+        // A map that says it is another inode's (a spare whose emptying a power cut undid).
+        XCTAssertEqual(rename(folder + "/9.map", folder + "/10.map"), 0)
+        XCTAssertEqual(rename(folder + "/9.data", folder + "/10.data"), 0)
+        XCTAssertTrue(try workingCopies(work!).isEmpty)
+        // Many at once: the files beyond the pool are deleted.
+        let many = try (100..<140).map { try work!.create(ino: InodeNumber($0)) }
+        for f in many { f.remove() }
+        let names = try FileManager.default.contentsOfDirectory(atPath: folder)
+        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") }.count, 2 * SparePairs.kept, "\(names.sorted())")
+        XCTAssertEqual(Set(names.filter { !$0.hasPrefix("spare-") }), ["lock"])
+        // The daemon is gone: the next one's recovery finds nothing and removes the folder.
+        work = nil
+        let next = try LocalWorkArea(directory: directory)
+        XCTAssertEqual(try next.leftovers().count, 0)
+        next.recoveryFinished()
+        XCTAssertFalse(FileManager.default.fileExists(atPath: folder))
+    }
 }
 
 /// The shared suite on the in-memory store, plus its power-cut simulation.
