@@ -206,12 +206,17 @@ extension UbiquityFileSystem {
                 c.epoch = state.trashEpoch
                 c.applied = state.trashEdits.count
             }
-            while c.applied < state.trashEdits.count {
-                let ino = state.trashEdits[c.applied]
-                c.applied += 1
-                c.names.remove(ino)
-                if let r = state.trashed[ino], isShownInTrash(r) {
-                    c.names.add(ino, wanting: r.trashName ?? r.name, kind: state.nodes[ino]?.kind ?? .regular)
+            if c.applied < state.trashEdits.count {
+                // Every edited item out first, then back as it is now: an item that left frees
+                // its name before one that came meanwhile wanting it is named.
+                let edited = state.trashEdits[c.applied...]
+                c.applied = state.trashEdits.count
+                for ino in edited { c.names.remove(ino) }
+                var added = Set<InodeNumber>()
+                for ino in edited where added.insert(ino).inserted {
+                    if let r = state.trashed[ino], isShownInTrash(r) {
+                        c.names.add(ino, wanting: r.trashName ?? r.name, kind: state.nodes[ino]?.kind ?? .regular)
+                    }
                 }
             }
             return c.names

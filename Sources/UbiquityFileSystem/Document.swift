@@ -284,10 +284,11 @@ final class Document: @unchecked Sendable {
     /// content: publish that content, then try the change again.
     struct ClosedContentFirst: Error {}
 
-    /// The closed content will never be published (the file has no name left): a change may
-    /// overwrite it.
-    func dropClosedContent() {
-        lock.write { closedBy = nil }
+    /// Let a change overwrite the closed content: it will never be published (`nameless`: the
+    /// file has no name left), or it is published already. Decided under the lock, so a close
+    /// that marked new content since the caller looked keeps its mark.
+    func dropClosedContent(nameless: Bool) {
+        lock.write { if nameless || !stat().unpublished { closedBy = nil } }
     }
 
     /// Caller holds `lock` for writing.

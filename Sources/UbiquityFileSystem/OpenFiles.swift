@@ -45,8 +45,9 @@ extension UbiquityFileSystem {
     func changing(_ doc: Document, _ change: () throws -> Void) throws {
         while true {
             do { return try change() } catch is Document.ClosedContentFirst {
-                if isNameless(doc.ino) || !doc.hasUnpublishedChanges {
-                    doc.dropClosedContent()   // never to be published, or published already
+                let nameless = isNameless(doc.ino)
+                if nameless || !doc.hasUnpublishedChanges {
+                    doc.dropClosedContent(nameless: nameless)   // never to be published, or published already
                 } else {
                     try publish(doc, durable: false)
                 }

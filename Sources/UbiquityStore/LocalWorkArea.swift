@@ -173,17 +173,21 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         let data = Self.dataPath(workPath, ino), map = Self.mapPath(workPath, ino)
         // Unlink first, so the new pair are new files: a WorkFile still open on the old ones
         // keeps its own (and its remove() won't touch the new ones).
-        _ = retryEINTR { unlink(data) }
-        _ = retryEINTR { unlink(map) }
-        spares.take(as: data, map)   // a spare's empty files, renamed in, when there is one
-        let dataFD = retryEINTR { open(data, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        if dataFD < 0 { throw systemError("create", data, errno) }
-        let mapFD = retryEINTR { open(map, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        if mapFD < 0 {
-            let code = errno
-            close(dataFD)
+        // Under the spares' name lock: a spare kept meanwhile must not take these names' files.
+        let (dataFD, mapFD) = try spares.withNames { () throws(StoreError) -> (Int32, Int32) in
             _ = retryEINTR { unlink(data) }
-            throw systemError("create", map, code)
+            _ = retryEINTR { unlink(map) }
+            spares.take(as: data, map)   // a spare's empty files, renamed in, when there is one
+            let dataFD = retryEINTR { open(data, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+            if dataFD < 0 { throw systemError("create", data, errno) }
+            let mapFD = retryEINTR { open(map, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+            if mapFD < 0 {
+                let code = errno
+                close(dataFD)
+                _ = retryEINTR { unlink(data) }
+                throw systemError("create", map, code)
+            }
+            return (dataFD, mapFD)
         }
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
                                  workPath: workPath, dirty: [], newlyCreated: true, base: nil, reserve: reserve,
@@ -501,8 +505,16 @@ final class SparePairs: @unchecked Sendable {
     private let mutex = StoreMutex()
     private var free: [Int] = []   // guarded by mutex: spares whose two files are there
     private var taken = Set<Int>()   // guarded by mutex: numbers being filled or emptied
+    /// Held across a check of a working copy's names and what is done to them (`create`,
+    /// `keep`): with two documents of one inode (a discarded one, a reopened one) a later
+    /// create's files must not be moved into the pool. Taken before `mutex`.
+    private let names = StoreMutex()
 
     init(folder: String) { self.folder = folder }
+
+    func withNames<T>(_ body: () throws(StoreError) -> T) throws(StoreError) -> T {
+        try names.withLock(body)
+    }
 
     private func paths(_ n: Int) -> (data: String, map: String) {
         ("\(folder)/\(Self.prefix)\(n).data", "\(folder)/\(Self.prefix)\(n).map")
@@ -510,19 +522,32 @@ final class SparePairs: @unchecked Sendable {
 
     /// Rename a spare pair to `data` and `map` (both names free), if there is one. The map comes
     /// first: until its header is written, an empty map makes the pair no working copy at all.
+    /// Caller holds `withNames`.
     func take(as data: String, _ map: String) {
-        guard let n = mutex.withLock({ free.popLast() }) else { return }
+        guard let n = mutex.withLock({ () -> Int? in
+            guard let n = free.popLast() else { return nil }
+            taken.insert(n)
+            return n
+        }) else { return }
         let spare = paths(n)
         if rename(spare.map, map) != 0 || rename(spare.data, data) != 0 {
             _ = unlink(spare.map)
             _ = unlink(spare.data)
         }
+        mutex.withLock { _ = taken.remove(n) }
     }
 
     /// Empty a published working copy (`fd`s open on the files named by the paths) and keep its
     /// files as a spare; false when the pool is full or the names no longer refer to these files
     /// (the caller then deletes what is still its own).
     func keep(data: (fd: Int32, path: String), map: (fd: Int32, path: String)) -> Bool {
+        names.withLock { keepLocked(data: data, map: map) }
+    }
+
+    /// Relies on the file system keeping metadata changes in order across a power cut (ext4,
+    /// XFS): the truncations are before the renames, and a map that comes back with another
+    /// working copy's bytes says another inode anyway.
+    private func keepLocked(data: (fd: Int32, path: String), map: (fd: Int32, path: String)) -> Bool {
         for (fd, path) in [data, map] {
             var mine = stat(), named = stat()
             guard fstat(fd, &mine) == 0, stat(path, &named) == 0, mine.st_dev == named.st_dev, mine.st_ino == named.st_ino else {

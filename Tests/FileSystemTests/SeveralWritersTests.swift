@@ -181,6 +181,25 @@ final class SeveralWritersTests: TwoWritersTestCase {
         XCTAssertEqual(try one.names(files), ["x"])
     }
 
+    /// Another writer's item wanting the name of one that leaves before the next listing: the
+    /// names the listing shows are those worked out from scratch (the arrival does not keep a
+    /// `name.2` the departure freed).
+    func testATrashNameFreedBeforeTheNextListingGoesToTheItemThatWantedIt() throws {
+        let sugoi = try one.ino("SugoiApp"), drive = try one.ino("TestDrive")
+        try one.makeFile(sugoi, "x", b("1"))
+        try one.makeFile(drive, "x", b("2"))
+        _ = try two.catchUp()
+        try one.unlink(parent: sugoi, name: b("x"))
+        let top = try one.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash-\(getuid())")).ino
+        let files = try one.lookup(parent: top, name: b("files")).ino
+        XCTAssertEqual(try one.names(files), ["x"])
+        let mine = try XCTUnwrap(one.trashItems().first).ino
+        try two.unlink(parent: drive, name: b("x"))   // before it has seen the other delete
+        _ = try one.restoreFromTrash(mine)   // catches up with two's delete first
+        XCTAssertEqual(try one.names(files), ["x"])
+        XCTAssertNotEqual(try one.lookup(parent: files, name: b("x")).ino, mine)
+    }
+
     func testExclusiveCreatesAndOtherMakersStillGetEEXIST() throws {
         let docs = try one.ino("SugoiApp")
         let mine = try one.makeFile(docs, "x.txt", b("from a"))
