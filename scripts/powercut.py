@@ -46,12 +46,15 @@ def read_log(path):
     while at + HEADER.size <= len(data):
         kind, _, dev, ino, offset, old_size, length = HEADER.unpack_from(data, at)
         end = at + HEADER.size + length
-        if kind not in (UNDO, SYNC_FILE, SYNC_ALL, BORN, UNDO_SIZE) or end > len(data):
+        if kind not in (UNDO, SYNC_FILE, SYNC_ALL, BORN, UNDO_SIZE):
             raise SystemExit("powercut: %s: a damaged record at %d" % (path, at))
+        if end > len(data):
+            # The last record, cut short: SIGKILL can end a large write(2) part way. A record
+            # comes before the change it undoes, so that change never began.
+            break
         records.append((at, kind, dev, ino, offset, old_size, data[at + HEADER.size:end]))
         at = end
-    if at != len(data):
-        raise SystemExit("powercut: %s: %d bytes at its end are no record" % (path, len(data) - at))
+    # Fewer bytes than a record's header at the end: a header cut short, the same way.
     return records
 
 
