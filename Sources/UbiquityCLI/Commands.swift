@@ -42,7 +42,7 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR|URL [--chunks WHERE] [--local DIR]] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR|URL [--chunks WHERE] [--local DIR]] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] [--read-ahead KIB] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs), or a shared store's postgres:// URL"),
@@ -60,6 +60,7 @@ let mountCommand = Subcommand(
         ("--retention=", "old versions kept: all=1d,hourly=7d,daily=30d,space=4G (any of them)"),
         ("--keep-deleted-days=", "days an item stays in Recently Deleted (default 30)"),
         ("--cache-seconds=", "how long the kernel caches names and attributes (default 10, 0 to 3600)"),
+        ("--read-ahead=", "KiB the kernel reads ahead in a file read in order (default 4096; 0 keeps the kernel's 128)"),
         ("--ready-fd=", "(internal) descriptor to report readiness on"),
     ],
     positionals: 1...1,
@@ -96,6 +97,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let seconds = p.value("--cache-seconds"), !(Double(seconds).map { $0 >= 0 && $0 <= 3600 } ?? false) {
         throw UsageError(message: "--cache-seconds needs a number of seconds from 0 to 3600")
+    }
+    if let kib = p.value("--read-ahead"), !(Int(kib).map { $0 >= 0 && $0 <= 1_048_576 } ?? false) {
+        throw UsageError(message: "--read-ahead needs a number of KiB from 0 to 1048576")
     }
     if let fd = p.value("--ready-fd") {
         guard let n = Int32(fd) else { throw UsageError(message: "--ready-fd needs a number") }
@@ -242,6 +246,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         report("ubiquityfs mount: \(error)")
         return ExitCode.failure
     }
+    if let kib = p.value("--read-ahead").flatMap({ Int($0) }) { session.readAheadKiB = kib }
     let pidFile = storeDir + "/daemon.pid"
     writePIDFile(pidFile)
     log("mounted \(mountpoint) (\(view == .drive ? "drive view" : "app view"), pid \(getpid()))")

@@ -161,19 +161,27 @@ final class SeveralWritersTests: TwoWritersTestCase {
         XCTAssertEqual(try two.catchUp(), [], "sent once")
     }
 
-    /// Two writers deleting alike names in two containers at once both keep the trash name; the
-    /// desktop trash shows the later as `x.2`. When one leaves, the other's shown name shifts,
-    /// and the kernel is told of both names.
-    func testTheDesktopTrashIsToldOfNamesThatShift() throws {
+    /// `x` in two containers; writer one deletes its own. Returns the desktop trash's `files`
+    /// folder (as writer one sees it) and the other writer's delete of its `x`, to run before
+    /// writer one has seen it.
+    private func twoAlikeFilesOneDeleted() throws -> (files: UInt64, twoDeletes: () throws -> Void) {
         let sugoi = try one.ino("SugoiApp"), drive = try one.ino("TestDrive")
         try one.makeFile(sugoi, "x", b("1"))
         try one.makeFile(drive, "x", b("2"))
         _ = try two.catchUp()
         try one.unlink(parent: sugoi, name: b("x"))
-        try two.unlink(parent: drive, name: b("x"))   // before it has seen the other delete
-        _ = try one.catchUp()
         let top = try one.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash-\(getuid())")).ino
         let files = try one.lookup(parent: top, name: b("files")).ino
+        return (files, { [two] in try two!.unlink(parent: drive, name: b("x")) })
+    }
+
+    /// Two writers deleting alike names in two containers at once both keep the trash name; the
+    /// desktop trash shows the later as `x.2`. When one leaves, the other's shown name shifts,
+    /// and the kernel is told of both names.
+    func testTheDesktopTrashIsToldOfNamesThatShift() throws {
+        let (files, twoDeletes) = try twoAlikeFilesOneDeleted()
+        try twoDeletes()
+        _ = try one.catchUp()
         XCTAssertEqual(Set(try one.names(files)), ["x", "x.2"])
         _ = try one.restoreFromTrash(one.trashItems().last!.ino)
         let told = try one.catchUp()
@@ -185,16 +193,10 @@ final class SeveralWritersTests: TwoWritersTestCase {
     /// names the listing shows are those worked out from scratch (the arrival does not keep a
     /// `name.2` the departure freed).
     func testATrashNameFreedBeforeTheNextListingGoesToTheItemThatWantedIt() throws {
-        let sugoi = try one.ino("SugoiApp"), drive = try one.ino("TestDrive")
-        try one.makeFile(sugoi, "x", b("1"))
-        try one.makeFile(drive, "x", b("2"))
-        _ = try two.catchUp()
-        try one.unlink(parent: sugoi, name: b("x"))
-        let top = try one.lookup(parent: UbiquityFileSystem.rootID, name: b(".Trash-\(getuid())")).ino
-        let files = try one.lookup(parent: top, name: b("files")).ino
+        let (files, twoDeletes) = try twoAlikeFilesOneDeleted()
         XCTAssertEqual(try one.names(files), ["x"])
         let mine = try XCTUnwrap(one.trashItems().first).ino
-        try two.unlink(parent: drive, name: b("x"))   // before it has seen the other delete
+        try twoDeletes()
         _ = try one.restoreFromTrash(mine)   // catches up with two's delete first
         XCTAssertEqual(try one.names(files), ["x"])
         XCTAssertNotEqual(try one.lookup(parent: files, name: b("x")).ino, mine)

@@ -35,6 +35,39 @@ final class CLITests: MountTestCase {
 
     /// The store holds the names and content of private containers: another user can read none of
     /// it, even when the store folder existed beforehand with mode 0755 (as this fixture makes it).
+    /// The mount reads ahead as far as `--read-ahead` says (4 MiB by default), not the kernel's
+    /// 128 KiB for a new FUSE mount; the disk under the mountpoint keeps its own. A file read in
+    /// order reads whole.
+    func testTheMountReadsAheadAsFarAsAsked() throws {
+        func readAhead(_ path: String) -> String? {
+            guard let dev = Posix.stat(path)?.st_dev else { return nil }
+            let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~0xfff), minor = (dev & 0xff) | ((dev >> 12) & ~0xff)
+            return Posix.readText("/sys/class/bdi/\(major):\(minor)/read_ahead_kb")?.trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let under = readAhead(mountPoint)
+        try mount()
+        // Set by a thread of the daemon once the mount answers: wait for it a little.
+        var shown: String?
+        for _ in 0..<100 {
+            shown = readAhead(mountPoint)
+            if shown == "4096" { break }
+            usleep(20_000)
+        }
+        XCTAssertEqual(shown, "4096")
+        try unmount()
+        XCTAssertEqual(readAhead(mountPoint), under, "the disk under the mountpoint is left alone")
+        try mount(extra: ["--read-ahead", "512"])
+        for _ in 0..<100 where readAhead(mountPoint) != "512" { usleep(20_000) }
+        XCTAssertEqual(readAhead(mountPoint), "512")
+        let path = docs("SugoiApp") + "/big.bin"
+        let bytes = (0..<(3 << 20)).map { UInt8(truncatingIfNeeded: ($0 &* 2_654_435_761) >> 13) }
+        XCTAssertTrue(FileManager.default.createFile(atPath: path, contents: Data(bytes)))
+        assertShell("echo 3 > /proc/sys/vm/drop_caches")
+        XCTAssertEqual(FileManager.default.contents(atPath: path), Data(bytes))
+        try unmount()
+        XCTAssertEqual(ubiquityfs(["mount", "--read-ahead", "lots", mountPoint]).status, 64)
+    }
+
     func testAnotherUserCannotReadTheStore() throws {
         try mount(app: "com.example.Ledger")
         XCTAssertEqual(Posix.writeFile(mountPoint + "/iCloud.com.example.Ledger/Documents/salary-2026.txt", "secret\n"), 0)
