@@ -282,6 +282,15 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
 }
 
 /// Publishes files held open once they have been idle (so readers elsewhere see them), once a second.
+/// glibc keeps what threads free in their own arenas: after a burst on many FUSE workers (1 MiB
+/// read and write buffers each) the daemon held tens of MiB it no longer used. `malloc_trim`
+/// hands the free pages of every arena back. Not in Swift's Glibc module, hence `dlsym`.
+private let mallocTrim: (@convention(c) (Int) -> Int32)? = dlsym(nil, "malloc_trim").map {
+    unsafeBitCast($0, to: (@convention(c) (Int) -> Int32).self)
+}
+
+func returnFreedMemory() { _ = mallocTrim?(0) }
+
 final class IdlePublisher: @unchecked Sendable {
     private let fs: UbiquityFileSystem
     private let condition = NSCondition()
@@ -293,6 +302,7 @@ final class IdlePublisher: @unchecked Sendable {
 
     func start() {
         let t = Thread { [self] in
+            var ticks = 0
             while true {
                 condition.lock()
                 if !stopping { _ = condition.wait(until: Date().addingTimeInterval(1)) }
@@ -300,6 +310,8 @@ final class IdlePublisher: @unchecked Sendable {
                 condition.unlock()
                 if stop { break }
                 fs.publishIdle()
+                ticks += 1
+                if ticks % 10 == 0 { returnFreedMemory() }
             }
             condition.lock()
             finished = true

@@ -229,9 +229,10 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
         try exec(db, "PRAGMA synchronous=NORMAL", path: path)
         try exec(db, "PRAGMA foreign_keys=OFF", path: path)
-        // 64 MiB of page cache (SQLite's default is 2 MiB): a namespace of 100,000 items and its
-        // change log fit, so a change costs the same at any size instead of reading pages back.
-        try exec(db, "PRAGMA cache_size=-65536", path: path)
+        // 4 MiB of page cache (SQLite's default is 2 MiB). Pages beyond it are read back from the
+        // kernel's page cache, which holds them anyway: with 64 MiB a change cost the same at
+        // 100,000 items (`scripts/bench namespace`), and the daemon kept up to 64 MiB more.
+        try exec(db, "PRAGMA cache_size=-4096", path: path)
         try exec(db, "BEGIN IMMEDIATE", path: path)
         do throws(StoreError) {
             try exec(db, schemaSQL, path: path)
