@@ -260,7 +260,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let feed = ChangeFeed(fs: fs, session: session, log: log)
     feed.start()
     // `restore`, `resolve` and `status` come through here while the mount runs.
-    let control = ControlServer(storeDir: storeDir, fs: fs, log: log)
+    let control = ControlServer(storeDir: storeDir, fs: fs, log: log, afterChange: { feed.waitForRound() })
     var controlling = true
     do { try control.start() } catch {
         controlling = false
@@ -345,6 +345,8 @@ final class ChangeFeed: @unchecked Sendable {
     private var stopping = false   // guarded by condition
     private var finished = false   // guarded by condition
     private var started = false    // guarded by condition
+    private var roundsBegun = 0    // guarded by condition
+    private var roundsDone = 0     // guarded by condition
     static let interval: TimeInterval = 0.1
 
     init(fs: UbiquityFileSystem, session: FuseSession, log: @escaping @Sendable (String) -> Void) {
@@ -361,8 +363,15 @@ final class ChangeFeed: @unchecked Sendable {
                 fs.waitForStoreChanges(Self.interval)
                 condition.lock()
                 let stop = stopping
+                roundsBegun += 1
                 condition.unlock()
                 if stop { break }
+                defer {
+                    condition.lock()
+                    roundsDone += 1
+                    condition.broadcast()
+                    condition.unlock()
+                }
                 // Changes queued while the store was out of reach go first: the change log is
                 // read once they are there.
                 fs.sendQueuedChanges()
@@ -390,6 +399,18 @@ final class ChangeFeed: @unchecked Sendable {
         started = true
         condition.unlock()
         t.start()
+    }
+
+    /// Wait (2 s at most) until a round that began after this call has sent its invalidations:
+    /// what was changed before the call has then reached the kernel.
+    func waitForRound() {
+        condition.lock()
+        defer { condition.unlock() }
+        let target = roundsBegun + 1
+        let deadline = Date().addingTimeInterval(2)
+        while started && !finished && roundsDone < target {
+            if !condition.wait(until: deadline) { return }
+        }
     }
 
     /// Stop and wait for the thread: the session it notifies is freed next.

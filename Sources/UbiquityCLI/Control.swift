@@ -192,9 +192,16 @@ final class ControlServer: @unchecked Sendable {
     private var stopping = false   // guarded by condition
     private var finished = false   // guarded by condition
 
-    init(storeDir: String, fs: UbiquityFileSystem, log: @escaping @Sendable (String) -> Void) {
+    /// Run after each command but `status`, before the reply: waits until the kernel has been
+    /// told what the command changed, so a name it made shows at once even where the kernel
+    /// remembered it as missing.
+    private let afterChange: @Sendable () -> Void
+
+    init(storeDir: String, fs: UbiquityFileSystem, log: @escaping @Sendable (String) -> Void,
+         afterChange: @escaping @Sendable () -> Void = {}) {
         self.fs = fs
         self.log = log
+        self.afterChange = afterChange
         path = controlDirectory(storeDir) + "/\(getpid()).sock"
     }
 
@@ -267,7 +274,10 @@ final class ControlServer: @unchecked Sendable {
             return
         }
         let reply = ControlHandler.handle(request, fs: fs, daemon: true)
-        if request.command != "status" { for line in reply.out + reply.err { log("control: \(request.command): \(line)") } }
+        if request.command != "status" {
+            afterChange()
+            for line in reply.out + reply.err { log("control: \(request.command): \(line)") }
+        }
         guard let encoded = try? JSONEncoder().encode(reply) else { return }
         _ = writeAll(conn, encoded)
     }

@@ -122,11 +122,13 @@ final class Namespace: @unchecked Sendable {
                 out.append(.entry(parent: UbiquityFileSystem.rootID, name: Array(c.identifier.utf8)))
             }
         }
-        for (folder, names) in children {
-            let theirs = other.children[folder] ?? [:]
+        // Names on either side: the kernel may hold a name as missing (a negative entry) too.
+        for folder in Set(children.keys).union(other.children.keys) {
+            let names = children[folder] ?? [:], theirs = other.children[folder] ?? [:]
             guard names != theirs else { continue }
             out.append(.node(folder))
             for (name, child) in names where theirs[name] != child { out.append(.entry(parent: folder, name: name)) }
+            for name in theirs.keys where names[name] == nil { out.append(.entry(parent: folder, name: name)) }
         }
         return (out, changed)
     }

@@ -175,6 +175,14 @@ struct Request: ~Copyable {
         discard self
     }
 
+    /// No such name, for the kernel to remember for the cache time (a negative entry).
+    consuming func absent() {
+        var e = fuse_entry_param()
+        e.entry_timeout = bridge.cacheSeconds
+        fuse_reply_entry(req, &e)
+        discard self
+    }
+
     consuming func attr(_ a: Attributes, cacheSeconds: Double? = nil) {
         var st = statOf(a)
         fuse_reply_attr(req, &st, cacheSeconds ?? bridge.cacheSeconds)
@@ -325,9 +333,18 @@ func makeOperations() -> fuse_lowlevel_ops {
             return
         }
         let n = name(cname)
-        r.entry("lookup", parent, named: n) { () throws(FSError) in
-            try fs.lookup(parent: parent, name: n)
+        let a: Attributes
+        do throws(FSError) { a = try fs.lookup(parent: parent, name: n) } catch {
+            // A missing name the kernel may remember (git, compilers and `ls -l` probe for
+            // the same missing names again and again): an entry of inode 0.
+            if error.errno == ENOENT, r.bridge.cacheSeconds > 0, fs.absenceMayBeCached(in: parent) {
+                r.absent()
+            } else {
+                r.fail("lookup", parent, error)
+            }
+            return
         }
+        r.entry(a, named: (parent, n))
     }
 
     ops.forget = { req, ino, count in

@@ -29,6 +29,17 @@ final class DesktopTrashTests: XCTestCase {
 
     override func tearDown() { fs = nil }
 
+    /// The kernel may remember a missing name only in a container's folders: the names at the
+    /// mount root and in the desktop trash are worked out, not stored, and no invalidation names
+    /// one that appears there.
+    func testMissingNamesAreRememberedOnlyInContainerFolders() throws {
+        XCTAssertTrue(fs.absenceMayBeCached(in: docs))
+        let sub = try fs.mkdir(parent: docs, name: b("Sub"), mode: 0o755, caller: owner).ino
+        XCTAssertTrue(fs.absenceMayBeCached(in: sub))
+        XCTAssertFalse(fs.absenceMayBeCached(in: try fs.makeFile(docs, "f", b("x"))))
+        for ino in [UbiquityFileSystem.rootID, top, files, info] { XCTAssertFalse(fs.absenceMayBeCached(in: ino), "\(ino)") }
+    }
+
     /// GIO's trashing of `name` in `dir`: claim the info name (the next `name.N.ext` while it is
     /// taken), rename the file into files/, write the info through a temporary file.
     @discardableResult

@@ -259,6 +259,7 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(Posix.stat(path)?.st_size, 6)
         let origins = ubiquityfs(["versions", path]).lines.dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true)[5] }
         XCTAssertEqual(origins, ["edit", "edit", "restored"], "the replaced version stays")
+        XCTAssertFalse(Posix.exists(docs("SugoiApp") + "/Report (old).txt"), "remembered as missing by the kernel")
         let beside = ubiquityfs(["restore", path, "--version", first, "--as", "Report (old).txt"])
         XCTAssertTrue(beside.succeeded, beside.description)
         XCTAssertEqual(Posix.readText(docs("SugoiApp") + "/Report (old).txt"), "first\n")
@@ -304,6 +305,7 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(ls(sugoi), ["Project", "loose.txt"])
         assertShell("rm -rf \(shellQuote(sugoi))/Project \(shellQuote(sugoi))/loose.txt")
         XCTAssertEqual(ls(sugoi), [])
+        XCTAssertFalse(Posix.exists(sugoi + "/Project"), "looked for, missing: the kernel may remember that")
         let list = ubiquityfs(["trash", "list", "--store", storeDir])
         XCTAssertTrue(list.succeeded, list.description)
         XCTAssertEqual(list.lines.first?.split(separator: " ", omittingEmptySubsequences: true),

@@ -312,6 +312,8 @@ class MountTestCase: XCTestCase {
     /// same folder) of another, then back from `b` to `a`.
     func changeEveryKind(from a: String, seenThrough b: String, file: StaticString = #filePath, line: UInt = #line) {
         XCTAssertEqual(ls(b), [], file: file, line: line)
+        // Names looked for and missing first: the kernel may remember them as missing, until told.
+        for name in ["Report.txt", "Drafts", "link"] { XCTAssertFalse(Posix.exists(b + "/" + name), name, file: file, line: line) }
         XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "from A\n"), 0, file: file, line: line)
         eventually("a new file", file: file, line: line) { Posix.readText(b + "/Report.txt") == "from A\n" }
         XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "changed on A\n"), 0, file: file, line: line)
@@ -331,6 +333,7 @@ class MountTestCase: XCTestCase {
         assertSucceeds("unlink", file: file, line: line) { unlink(a + "/Drafts/Final.txt") }
         eventually("a delete", file: file, line: line) { !Posix.exists(b + "/Drafts/Final.txt") && ls(b + "/Drafts") == [] }
         // And back, B to A.
+        XCTAssertFalse(Posix.exists(a + "/Drafts/fromB.txt"), file: file, line: line)
         XCTAssertEqual(Posix.writeFile(b + "/Drafts/fromB.txt", "from B\n"), 0, file: file, line: line)
         eventually("B's file on A", file: file, line: line) { Posix.readText(a + "/Drafts/fromB.txt") == "from B\n" }
         assertSucceeds("rmdir on B", file: file, line: line) { unlink(b + "/Drafts/fromB.txt") == 0 ? rmdir(b + "/Drafts") : -1 }
