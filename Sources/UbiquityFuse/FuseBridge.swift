@@ -309,7 +309,32 @@ final class PendingRequest: @unchecked Sendable {
 
 private func fileHandle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> UInt64 { fi?.pointee.fh ?? 0 }
 
-/// Builds the operation table. Each entry makes its `Request` first and answers it through it.
+/// Buffers for read replies, kept from one read to the next: a fresh 1 MiB buffer per read
+/// faulted in its pages each time (a tenth of the daemon's CPU in a sequential read). A few are
+/// kept (reads in flight at once are about as many as the kernel's read-ahead asks for);
+/// others are freed.
+final class ReadBuffers: @unchecked Sendable {
+    static let shared = ReadBuffers()
+    static let size = 1 << 20
+    private let lock = NSLock()
+    private var spare: [UnsafeMutableRawBufferPointer] = []   // guarded by lock
+
+    func take(_ size: Int) -> UnsafeMutableRawBufferPointer {
+        if size <= Self.size, let b = lock.withLock({ spare.popLast() }) { return b }
+        return .allocate(byteCount: max(size, Self.size), alignment: 4096)
+    }
+
+    func give(_ buffer: UnsafeMutableRawBufferPointer) {
+        let kept = buffer.count == Self.size && lock.withLock {
+            guard spare.count < 8 else { return false }
+            spare.append(buffer)
+            return true
+        }
+        if !kept { buffer.deallocate() }
+    }
+}
+
+/// Builds the operation table./// Builds the operation table. Each entry makes its `Request` first and answers it through it.
 func makeOperations() -> fuse_lowlevel_ops {
     var ops = fuse_lowlevel_ops()
 
@@ -479,8 +504,8 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.read = { req, ino, size, off, fi in
         let r = Request(req)
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(size, 1), alignment: 4096)
-        defer { buffer.deallocate() }
+        let buffer = ReadBuffers.shared.take(size)
+        defer { ReadBuffers.shared.give(buffer) }
         let n: Int
         do throws(FSError) {
             n = try r.fs.read(handle: fileHandle(fi), offset: UInt64(off),
