@@ -58,6 +58,9 @@ final class Namespace: @unchecked Sendable {
     init() {}
 
     init(snapshot: StoreSnapshot) {
+        // Sized up front: growing a table of a million entries rehashes it some twenty times.
+        nodes.reserveCapacity(snapshot.nodes.count)
+        chunks.reserveCapacity(snapshot.currentVersions.count)
         for n in snapshot.nodes { nodes[n.ino] = n }
         for d in snapshot.dirents {
             children[d.parent, default: [:]][d.name] = d.child

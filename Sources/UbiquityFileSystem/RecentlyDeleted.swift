@@ -32,7 +32,13 @@ public struct TrashRecord: Sendable, Equatable, MetaRecord {
     /// The writer `fsck --repair` records for the lost+found it makes: an item it put in Recently
     /// Deleted was rescued, not deleted, so it never expires by age (emptying does take it).
     public static func repairWriter(device: String) -> String { "\(device) fsck-repair pid \(getpid())" }
-    var isRescued: Bool { writer.split(separator: " ").dropFirst().first == "fsck-repair" }
+    var isRescued: Bool {
+        // The second word, by bytes: expiry asks this of every item at each start.
+        let w = writer.utf8
+        guard let space = w.firstIndex(of: 0x20) else { return false }
+        let second = w[w.index(after: space)...].prefix { $0 != 0x20 }
+        return second.elementsEqual("fsck-repair".utf8)
+    }
     var value: String { "\(parent) \(deleted) \(Self.hex(name)) \(trashName.map(Self.hex) ?? "-") \(writer)" }
 
     init(ino: InodeNumber, parent: InodeNumber, name: [UInt8], deleted: Int64, trashName: [UInt8]? = nil, writer: String) {
@@ -48,26 +54,48 @@ public struct TrashRecord: Sendable, Equatable, MetaRecord {
         return String(decoding: out, as: UTF8.self)
     }
 
-    private static func unhex(_ text: Substring) -> [UInt8]? {
+    private static func unhex(_ text: UnsafeBufferPointer<UInt8>.SubSequence) -> [UInt8]? {
         guard text.count % 2 == 0 else { return nil }
+        func digit(_ c: UInt8) -> UInt8? {
+            switch c {
+            case 0x30...0x39: c - 0x30
+            case 0x61...0x66: c - 0x61 + 10
+            case 0x41...0x46: c - 0x41 + 10
+            default: nil
+            }
+        }
         var out: [UInt8] = []
+        out.reserveCapacity(text.count / 2)
         var i = text.startIndex
         while i < text.endIndex {
-            let j = text.index(i, offsetBy: 2)
-            guard let byte = UInt8(text[i..<j], radix: 16) else { return nil }
-            out.append(byte)
-            i = j
+            guard let hi = digit(text[i]), let lo = digit(text[i + 1]) else { return nil }
+            out.append(hi << 4 | lo)
+            i += 2
         }
         return out
     }
 
+    // Parsed by bytes (every record is read at each start; `split` on characters was a tenth of
+    // a start with many items in Recently Deleted).
     init?(key: String, value: String) {
         guard key.hasPrefix(Self.prefix), let ino = InodeNumber(key.dropFirst(Self.prefix.count)) else { return nil }
-        let f = value.split(separator: " ", maxSplits: 4, omittingEmptySubsequences: false)
-        guard f.count >= 4, let parent = InodeNumber(f[0]), let deleted = Int64(f[1]), let name = Self.unhex(f[2]) else { return nil }
-        let trashName = f[3] == "-" ? nil : Self.unhex(f[3])
-        self.init(ino: ino, parent: parent, name: name, deleted: deleted, trashName: trashName,
-                  writer: f.count > 4 ? String(f[4]) : "")
+        var value = value
+        let fields: (InodeNumber, Int64, [UInt8], [UInt8]?, String)? = value.withUTF8 { b in
+            var f: [Range<Int>] = []
+            var start = 0
+            for i in 0..<b.count where b[i] == 0x20 && f.count < 4 {
+                f.append(start..<i)
+                start = i + 1
+            }
+            f.append(start..<b.count)
+            func text(_ r: Range<Int>) -> Substring { Substring(decoding: b[r], as: UTF8.self) }
+            guard f.count >= 4, let parent = InodeNumber(text(f[0])), let deleted = Int64(text(f[1])),
+                  let name = Self.unhex(b[f[2]]) else { return nil }
+            let dash = f[3].count == 1 && b[f[3].lowerBound] == 0x2d
+            return (parent, deleted, name, dash ? nil : Self.unhex(b[f[3]]), f.count > 4 ? String(decoding: b[f[4]], as: UTF8.self) : "")
+        }
+        guard let (parent, deleted, name, trashName, writer) = fields else { return nil }
+        self.init(ino: ino, parent: parent, name: name, deleted: deleted, trashName: trashName, writer: writer)
     }
 
     var id: InodeNumber { ino }
@@ -255,10 +283,15 @@ extension UbiquityFileSystem {
             } else {
                 // Oldest first: a folder `rm -rf` deleted goes after what was in it, so an
                 // emptying cut short leaves whole trees behind, restorable as they were.
-                let rescued = ns.read { Set(state.trashed.values.filter(\.isRescued).map(\.ino)) }
-                doomed = trashItems(container: container).filter {
-                    before == nil || ($0.deleted < before! && !rescued.contains($0.ino))
-                }.reversed().map(\.ino)
+                // Only what it needs of each record (no paths, no devices: this runs at every
+                // start and collection, over every item).
+                doomed = ns.read {
+                    state.trashed.values.filter { r in
+                        guard let n = state.nodes[r.ino], let c = state.containers[n.container] else { return false }
+                        if let container, c.name != container && c.identifier != container { return false }
+                        return before == nil || (r.deleted < before! && !r.isRescued)
+                    }.sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }.map(\.ino)
+                }
             }
             var count = 0
             // One commit per item: a long emptying never holds the namespace for long.

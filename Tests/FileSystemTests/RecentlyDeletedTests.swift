@@ -141,6 +141,24 @@ final class RecentlyDeletedTests: XCTestCase {
         XCTAssertEqual(try fs.emptyTrash(), 1, "emptying takes it")
     }
 
+    /// A record reads back as written (any bytes in its names, a writer of several words), a
+    /// repair's is told apart, and a damaged one is no record.
+    func testARecordReadsBackAsWritten() throws {
+        let r = TrashRecord(ino: 42, parent: 7, name: [0x52, 0x20, 0xc3, 0xa9, 0xff], deleted: 1_765_000_000_123_456_789,
+                            trashName: b("R.2"), writer: "laptop daemon pid 12")
+        XCTAssertEqual(TrashRecord(key: r.key, value: r.value), r)
+        XCTAssertFalse(r.isRescued)
+        let bare = TrashRecord(ino: 43, parent: 7, name: b("x"), deleted: 5, writer: "")
+        XCTAssertEqual(TrashRecord(key: bare.key, value: bare.value), bare)
+        let rescued = TrashRecord(ino: 44, parent: 7, name: b("y"), deleted: 5, writer: TrashRecord.repairWriter(device: "d"))
+        XCTAssertTrue(TrashRecord(key: rescued.key, value: rescued.value)!.isRescued)
+        XCTAssertFalse(TrashRecord(ino: 45, parent: 7, name: b("z"), deleted: 5, writer: "fsck-repair").isRescued, "the second word only")
+        for bad in ["7 5 7", "7 5 7g -", "x 5 78 -", "7 5", ""] {
+            XCTAssertNil(TrashRecord(key: "deleted.46", value: bad), bad)
+        }
+        XCTAssertNil(TrashRecord(key: "other.46", value: r.value))
+    }
+
     func testEmptyOlderThan() throws {
         let clock = LockedClock(nowNanoseconds())
         fs.clock = { clock.now }
