@@ -281,7 +281,6 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     return failures.isEmpty ? ExitCode.success : ExitCode.failure
 }
 
-/// Publishes files held open once they have been idle (so readers elsewhere see them), once a second.
 /// glibc keeps what threads free in their own arenas: after a burst on many FUSE workers (1 MiB
 /// read and write buffers each) the daemon held tens of MiB it no longer used. `malloc_trim`
 /// hands the free pages of every arena back. Not in Swift's Glibc module, hence `dlsym`.
@@ -291,6 +290,8 @@ private let mallocTrim: (@convention(c) (Int) -> Int32)? = dlsym(nil, "malloc_tr
 
 func returnFreedMemory() { _ = mallocTrim?(0) }
 
+/// Publishes files held open once they have been idle (so readers elsewhere see them), once a
+/// second; and hands freed memory back every 10 s.
 final class IdlePublisher: @unchecked Sendable {
     private let fs: UbiquityFileSystem
     private let condition = NSCondition()

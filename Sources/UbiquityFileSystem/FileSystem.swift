@@ -448,16 +448,19 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
-    /// Whether the kernel may remember that a name is missing from `parent` (a negative entry)
-    /// for its cache time. Only in a folder of the namespace: there every name that appears
-    /// other than through this mount's kernel is invalidated by name (another writer's through
-    /// the change feed, the daemon's own conflict copies and restores as it makes them). Never
-    /// at the mount root or in the desktop trash, whose names are worked out, not stored.
-    public func absenceMayBeCached(in parent: UInt64) -> Bool {
+    /// Whether the kernel may remember that `name` is missing from `parent` (a negative entry)
+    /// for its cache time. Only where the store has no such name, in a folder of the namespace:
+    /// there every name that appears other than through this mount's kernel is invalidated by
+    /// name (another writer's through the change feed, the daemon's own conflict copies and
+    /// restores as it makes them). Not for a name that is there but hidden (a folder past the
+    /// container's levels shows once its tree is in the desktop trash, with no change to its
+    /// name); never at the mount root or in the desktop trash's own folders, whose names are
+    /// worked out, not stored.
+    public func absenceMayBeCached(in parent: UInt64, name: [UInt8]) -> Bool {
         guard parent != Self.rootID, trashNode(parent) == nil else { return false }
         return ns.read {
             guard case .node(let dir)? = try? target(parent) else { return false }
-            return dir.kind == .directory && visible(dir)
+            return dir.kind == .directory && visible(dir) && state.children[parent]?[name] == nil
         }
     }
 

@@ -33,11 +33,18 @@ public struct TrashRecord: Sendable, Equatable, MetaRecord {
     /// Deleted was rescued, not deleted, so it never expires by age (emptying does take it).
     public static func repairWriter(device: String) -> String { "\(device) fsck-repair pid \(getpid())" }
     var isRescued: Bool {
-        // The second word, by bytes: expiry asks this of every item at each start.
+        // The second word (words part at runs of spaces), by bytes: expiry asks this of every
+        // item at each start.
         let w = writer.utf8
-        guard let space = w.firstIndex(of: 0x20) else { return false }
-        let second = w[w.index(after: space)...].prefix { $0 != 0x20 }
-        return second.elementsEqual("fsck-repair".utf8)
+        var i = w.startIndex, words = 0
+        while i < w.endIndex {
+            if w[i] == 0x20 { i = w.index(after: i); continue }
+            let end = w[i...].firstIndex(of: 0x20) ?? w.endIndex
+            words += 1
+            if words == 2 { return w[i..<end].elementsEqual("fsck-repair".utf8) }
+            i = end
+        }
+        return false
     }
     var value: String { "\(parent) \(deleted) \(Self.hex(name)) \(trashName.map(Self.hex) ?? "-") \(writer)" }
 

@@ -334,7 +334,7 @@ final class ReadBuffers: @unchecked Sendable {
     }
 }
 
-/// Builds the operation table./// Builds the operation table. Each entry makes its `Request` first and answers it through it.
+/// Builds the operation table. Each entry makes its `Request` first and answers it through it.
 func makeOperations() -> fuse_lowlevel_ops {
     var ops = fuse_lowlevel_ops()
 
@@ -362,7 +362,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         do throws(FSError) { a = try fs.lookup(parent: parent, name: n) } catch {
             // A missing name the kernel may remember (git, compilers and `ls -l` probe for
             // the same missing names again and again): an entry of inode 0.
-            if error.errno == ENOENT, r.bridge.cacheSeconds > 0, fs.absenceMayBeCached(in: parent) {
+            if error.errno == ENOENT, r.bridge.cacheSeconds > 0, fs.absenceMayBeCached(in: parent, name: n) {
                 r.absent()
             } else {
                 r.fail("lookup", parent, error)
@@ -861,7 +861,8 @@ public final class FuseSession: @unchecked Sendable {
 
     /// Sets the mount's read-ahead (root only: `/sys/class/bdi/0:N/read_ahead_kb`), on a thread
     /// of its own: only once the kernel has taken the INIT answer, which lowers the read-ahead
-    /// to what it offered, does a stat through the mount return. The device must be the mount's
+    /// to what it offered, does a stat through the mount return. (A file opened before that
+    /// keeps 128 KiB: the kernel takes the setting at open.) The device must be the mount's
     /// (an anonymous one, major 0), never the disk under the mountpoint.
     private func setReadAhead() {
         let (path, kib, under, log) = (mountpoint, readAheadKiB, underlyingDevice, bridgeRef.takeUnretainedValue().log)

@@ -230,8 +230,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         try exec(db, "PRAGMA synchronous=NORMAL", path: path)
         try exec(db, "PRAGMA foreign_keys=OFF", path: path)
         // 4 MiB of page cache (SQLite's default is 2 MiB). Pages beyond it are read back from the
-        // kernel's page cache, which holds them anyway: with 64 MiB a change cost the same at
-        // 100,000 items (`scripts/bench namespace`), and the daemon kept up to 64 MiB more.
+        // kernel's page cache, which holds them anyway: at 100,000 items a change costs the same
+        // as with 64 MiB (`scripts/bench namespace`), which the daemon kept besides.
         try exec(db, "PRAGMA cache_size=-4096", path: path)
         try exec(db, "BEGIN IMMEDIATE", path: path)
         do throws(StoreError) {

@@ -328,6 +328,9 @@ final class DriveViewTests: XCTestCase {
         XCTAssertEqual(try drive.names("TestDrive"), ["MyTextFile.txt"])
         let tdocs = try drive.ino("TestDrive")
         assertErrno(ENOENT, try drive.lookup(parent: tdocs, name: b("hidden")), "folder in a None container")
+        // Hidden, not missing: it shows once its tree is in the desktop trash, under the same name.
+        XCTAssertFalse(drive.absenceMayBeCached(in: tdocs, name: b("hidden")))
+        XCTAssertTrue(drive.absenceMayBeCached(in: tdocs, name: b("nothing")))
         assertErrno(ENOENT, try drive.unlink(parent: tdocs, name: b("hidden")), "unlink a hidden folder")
         assertErrno(ENOENT, try drive.rmdir(parent: tdocs, name: b("hidden")), "rmdir a hidden folder")
     }

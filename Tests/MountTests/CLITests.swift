@@ -33,8 +33,6 @@ final class CLITests: MountTestCase {
         XCTAssertTrue(ubiquityfs(["mount", "--help"]).stdout.contains("--apps"), "mount --help should list --apps")
     }
 
-    /// The store holds the names and content of private containers: another user can read none of
-    /// it, even when the store folder existed beforehand with mode 0755 (as this fixture makes it).
     /// The mount reads ahead as far as `--read-ahead` says (4 MiB by default), not the kernel's
     /// 128 KiB for a new FUSE mount; the disk under the mountpoint keeps its own. A file read in
     /// order reads whole.
@@ -45,6 +43,7 @@ final class CLITests: MountTestCase {
             return Posix.readText("/sys/class/bdi/\(major):\(minor)/read_ahead_kb")?.trimmingCharacters(in: .whitespacesAndNewlines)
         }
         let under = readAhead(mountPoint)
+        XCTAssertNotNil(under, "the disk under the mountpoint has a read-ahead")
         try mount()
         // Set by a thread of the daemon once the mount answers: wait for it a little.
         var shown: String?
@@ -68,6 +67,26 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(ubiquityfs(["mount", "--read-ahead", "lots", mountPoint]).status, 64)
     }
 
+    /// A name looked up and found missing is remembered by the kernel (a negative entry): asked
+    /// again while the daemon is stopped, the kernel answers at once.
+    func testTheKernelRemembersAMissingName() throws {
+        try mount()
+        let missing = docs("SugoiApp") + "/no-such-header.h"
+        XCTAssertFalse(Posix.exists(missing))
+        let pid = try daemonPID(of: mountPoint)
+        XCTAssertEqual(kill(pid, SIGSTOP), 0)
+        var stopped = true
+        defer { if stopped { kill(pid, SIGCONT) } }
+        let again = sh("timeout 10 stat \(shellQuote(missing))", timeout: 30)
+        kill(pid, SIGCONT)
+        stopped = false
+        XCTAssertEqual(again.status, 1, "stat answered without the daemon (124: it waited): \(again)")
+        XCTAssertTrue(again.stderr.contains("No such file"), again.stderr)
+        try unmount()
+    }
+
+    /// The store holds the names and content of private containers: another user can read none of
+    /// it, even when the store folder existed beforehand with mode 0755 (as this fixture makes it).
     func testAnotherUserCannotReadTheStore() throws {
         try mount(app: "com.example.Ledger")
         XCTAssertEqual(Posix.writeFile(mountPoint + "/iCloud.com.example.Ledger/Documents/salary-2026.txt", "secret\n"), 0)
@@ -259,7 +278,7 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(Posix.stat(path)?.st_size, 6)
         let origins = ubiquityfs(["versions", path]).lines.dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true)[5] }
         XCTAssertEqual(origins, ["edit", "edit", "restored"], "the replaced version stays")
-        XCTAssertFalse(Posix.exists(docs("SugoiApp") + "/Report (old).txt"), "remembered as missing by the kernel")
+        XCTAssertFalse(Posix.exists(docs("SugoiApp") + "/Report (old).txt"), "looked up first: the kernel may remember it missing")
         let beside = ubiquityfs(["restore", path, "--version", first, "--as", "Report (old).txt"])
         XCTAssertTrue(beside.succeeded, beside.description)
         XCTAssertEqual(Posix.readText(docs("SugoiApp") + "/Report (old).txt"), "first\n")
@@ -305,7 +324,7 @@ final class CLITests: MountTestCase {
         XCTAssertEqual(ls(sugoi), ["Project", "loose.txt"])
         assertShell("rm -rf \(shellQuote(sugoi))/Project \(shellQuote(sugoi))/loose.txt")
         XCTAssertEqual(ls(sugoi), [])
-        XCTAssertFalse(Posix.exists(sugoi + "/Project"), "looked for, missing: the kernel may remember that")
+        XCTAssertFalse(Posix.exists(sugoi + "/Project"), "looked up first: the kernel may remember it missing")
         let list = ubiquityfs(["trash", "list", "--store", storeDir])
         XCTAssertTrue(list.succeeded, list.description)
         XCTAssertEqual(list.lines.first?.split(separator: " ", omittingEmptySubsequences: true),
