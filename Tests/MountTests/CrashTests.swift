@@ -25,8 +25,8 @@ final class CrashTests: MountTestCase {
         kill(pid, SIGKILL)
         XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): the daemon survived SIGKILL")
         kill(load.pid, SIGKILL)
+        clearDeadMount(mountPoint)   // before waiting for the load, which may wait on the mount
         load.stop()
-        clearDeadMount(mountPoint)
         try mount()
     }
 

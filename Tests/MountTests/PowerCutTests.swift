@@ -92,11 +92,10 @@ final class PowerCutTests: MountTestCase {
             let pids = try mounts.map { try daemonPID(of: $0) }
             for pid in pids { kill(pid, SIGKILL) }
             for pid in pids { XCTAssertTrue(waitForExit(pid, seconds: 10), "round \(round): a daemon survived SIGKILL") }
-            for load in loads {
-                kill(load.process.pid, SIGKILL)
-                load.process.stop()
-            }
+            for load in loads { kill(load.process.pid, SIGKILL) }
+            // Before waiting for the loads, which may wait on a mount (see `abortConnection`).
             for mnt in mounts { clearDeadMount(mnt) }
+            for load in loads { load.process.stop() }
             let cut = Command.run(["python3", tool, "restore", storeDir, workDir + "/undo-\(round - 1).log",
                                    String(seed &+ UInt64(round))], timeout: 120)
             XCTAssertEqual(cut.status, 0, "round \(round): \(cut)")
