@@ -166,6 +166,7 @@ public func runCommandLine(_ arguments: [String]) -> Int32 {
         writeOut(mainUsage)
         return ExitCode.success
     }
+    if first == guardArgument { return runConnectionGuard(Array(arguments.dropFirst())) }
     guard let command = subcommands.first(where: { $0.name == first }) else {
         // `mount.fuse3` (fstab, `mount -t fuse.ubiquityfs`) runs `ubiquityfs SOURCE MOUNTPOINT -o OPTS`.
         // (Only with -o, which mount.fuse3 always passes: a mistyped command is not a mount.)

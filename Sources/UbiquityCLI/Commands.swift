@@ -189,8 +189,11 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let log: @Sendable (String) -> Void = { logger.write($0) }
     log("starting: store \(storeLabel(storeDir)), apps \(apps), mountpoint \(mountpoint)")
     early.attach(log)
+    var faults: FaultPlan?
     if let script = ProcessInfo.processInfo.environment["UBIQUITYFS_FAULT_FILE"], !script.isEmpty {
-        store = injectingFaults(into: store, from: script, log: log)
+        let plan = FaultPlan()
+        store = injectingFaults(into: store, plan: plan, from: script, log: log)
+        faults = plan
     }
     // From here on, a failure goes to the log as well as to whoever started the mount.
     let report: (String) -> Void = { line in
@@ -239,14 +242,23 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let options = (p.values["-o"] ?? []).flatMap { $0.split(separator: ",").map(String.init) }.filter { !$0.isEmpty }
     let session: FuseSession
     let cacheSeconds = p.value("--cache-seconds").flatMap { Double($0) } ?? FuseSession.defaultCacheSeconds
+    // As /proc/self/mountinfo names it (symlinks resolved), before the mount covers the folder.
+    let resolved = realpath(mountpoint, nil).map { p in defer { free(p) }; return String(cString: p) } ?? mountpoint
     do {
         session = try FuseSession(fs: fs, mountpoint: mountpoint, options: options, source: "ubiquityfs:" + storeLabel(storeDir),
-                                  cacheSeconds: cacheSeconds, log: log)
+                                  cacheSeconds: cacheSeconds, faults: faults, log: log)
     } catch {
         report("ubiquityfs mount: \(error)")
         return ExitCode.failure
     }
     if let kib = p.value("--read-ahead").flatMap({ Int($0) }) { session.readAheadKiB = kib }
+    if let entry = mountedEntry(at: resolved), entry.type == "fuse.ubiquityfs", entry.device.hasPrefix("0:") {
+        session.device = entry.device
+        startConnectionGuard(connection: String(entry.device.dropFirst(2)), logPath: storeDir + "/ubiquityfs.log", log: log)
+    } else {
+        log("\(resolved) is not in /proc/self/mountinfo as this mount: read-ahead stays the kernel's, and nothing ends the "
+            + "connection if this daemon dies with a thread waiting on its own mount")
+    }
     let pidFile = storeDir + "/daemon.pid"
     writePIDFile(pidFile)
     log("mounted \(mountpoint) (\(view == .drive ? "drive view" : "app view"), pid \(getpid()))")
@@ -663,8 +675,7 @@ func writePIDFile(_ path: String) {
 /// as the file `script` says (see `FaultPlan.load(script:)`), read again whenever it changes.
 /// Only when the daemon was started with UBIQUITYFS_FAULT_FILE set, which nothing but those
 /// tests does; the log says so at start.
-func injectingFaults(into store: BackingStore, from script: String, log: @escaping @Sendable (String) -> Void) -> BackingStore {
-    let plan = FaultPlan()
+func injectingFaults(into store: BackingStore, plan: FaultPlan, from script: String, log: @escaping @Sendable (String) -> Void) -> BackingStore {
     log("fault injection: the store's calls fail as \(script) says (UBIQUITYFS_FAULT_FILE is set)")
     let thread = Thread {
         var seen: (Int, Int)? = nil

@@ -128,15 +128,20 @@ func mountpointProblem(_ path: String, allowNonEmpty: Bool) -> String? {
 }
 
 /// The filesystem type of the mount whose mount point is `path`, if there is one.
-func mountType(at path: String) -> String? {
+func mountType(at path: String) -> String? { mountedEntry(at: path)?.type }
+
+/// The mount on top at `path` (a path with no symlinks): its filesystem type and its device
+/// ("major:minor"; a FUSE mount's is "0:N", N naming its connection in fusectl). Read from
+/// /proc, never through the mount, which may not be serving yet.
+func mountedEntry(at path: String) -> (type: String, device: String)? {
     guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return nil }
-    var found: String?
+    var found: (type: String, device: String)?
     for line in text.split(separator: "\n") {
         // id parent major:minor root MOUNTPOINT options [optional…] - TYPE source super-options
         let fields = line.split(separator: " ", omittingEmptySubsequences: false)
         guard fields.count > 4, unescapeMountField(fields[4]) == path,
               let dash = fields.firstIndex(of: "-"), dash + 1 < fields.count else { continue }
-        found = String(fields[dash + 1])   // the last one listed is the one on top
+        found = (String(fields[dash + 1]), String(fields[2]))   // the last one listed is the one on top
     }
     return found
 }

@@ -18,10 +18,37 @@ final class Bridge: @unchecked Sendable {
     let cacheSeconds: Double
     /// The replay of another writer's change being made through the mount (`FuseSession.replay`).
     let replay = ReplayState()
-    init(fs: UbiquityFileSystem, cacheSeconds: Double, log: @escaping @Sendable (String) -> Void) {
+    /// Tests' faults: `replayAnswer` delays the answers to replays.
+    let faults: FaultPlan?
+    init(fs: UbiquityFileSystem, cacheSeconds: Double, faults: FaultPlan?, log: @escaping @Sendable (String) -> Void) {
         self.fs = fs
         self.cacheSeconds = cacheSeconds
+        self.faults = faults
         self.log = log
+    }
+
+    /// The read-ahead to set once the kernel has taken the INIT answer (which lowers it to what
+    /// it offered): the sysfs file and KiB. Set before the session serves.
+    var readAhead: (file: String, kib: Int)?
+    /// True until the first request after INIT has set the read-ahead.
+    let readAheadPending = Atomic<Bool>(false)
+
+    /// The kernel queues every request but INIT until it has taken INIT's answer, so the first
+    /// other request finds the read-ahead lowered already; and it comes before any open, which
+    /// is when a file takes the mount's read-ahead.
+    func firstRequestAfterInit() {
+        guard readAheadPending.compareExchange(expected: true, desired: false, ordering: .acquiringAndReleasing).exchanged,
+              let (file, kib) = readAhead else { return }
+        let fd = open(file, O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            if geteuid() == 0 { log("read-ahead stays the kernel's: cannot open \(file): \(String(cString: strerror(errno)))") }
+            return
+        }
+        defer { close(fd) }
+        let text = "\(kib)\n"
+        if write(fd, text, text.utf8.count) < 0 {
+            log("read-ahead stays the kernel's: \(file): \(String(cString: strerror(errno)))")
+        }
     }
 }
 
@@ -78,6 +105,7 @@ struct Request: ~Copyable {
     init(_ req: fuse_req_t?, takesNoAnswer: Bool = false) {
         self.req = req
         self.takesNoAnswer = takesNoAnswer
+        if req != nil, bridge.readAheadPending.load(ordering: .relaxed) { bridge.firstRequestAfterInit() }
     }
 
     var bridge: Bridge {
@@ -96,6 +124,7 @@ struct Request: ~Copyable {
         let state = bridge.replay
         let thread = state.thread.load(ordering: .acquiring)
         guard thread != 0, fuse_req_ctx(req)!.pointee.pid == thread else { return nil }
+        if let faults = bridge.faults { try? faults.check(.replayAnswer) }
         return state.current()
     }
 
@@ -781,10 +810,11 @@ public final class FuseSession: @unchecked Sendable {
     private let replayer: Replayer
     /// The request loop runs (set before it starts, cleared when it ends).
     private let serving = Atomic<Bool>(true)
-    /// The device of the folder under the mountpoint, before the mount covered it.
-    private var underlyingDevice: dev_t = 0
     /// What `run` sets the mount's read-ahead to, in KiB (0: the kernel's default).
     public var readAheadKiB = FuseSession.defaultReadAheadKiB
+    /// The mount's device, "0:N" (the caller reads it from /proc/self/mountinfo): where its
+    /// read-ahead is set (`/sys/class/bdi/0:N`). Without it the kernel's stays.
+    public var device: String?
 
     /// The kernel gives a new FUSE mount 128 KiB of read-ahead, while the disk under a store
     /// usually reads ahead far more (8 MiB on this kind of virtual disk): a cold sequential read
@@ -801,7 +831,7 @@ public final class FuseSession: @unchecked Sendable {
     /// `source` is what `df`, `mount` and `findmnt` show as the mount's source (fsname); its
     /// type shows as `fuse.ubiquityfs`.
     public init(fs: UbiquityFileSystem, mountpoint: String, options: [String], source: String = "ubiquityfs",
-                cacheSeconds: Double = FuseSession.defaultCacheSeconds,
+                cacheSeconds: Double = FuseSession.defaultCacheSeconds, faults: FaultPlan? = nil,
                 log: @escaping @Sendable (String) -> Void) throws {
         self.mountpoint = mountpoint
         readOnly = options.contains("ro")
@@ -811,7 +841,7 @@ public final class FuseSession: @unchecked Sendable {
         let words: [String] = ["ubiquityfs", "-o", all.joined(separator: ",")]
         var argv: [UnsafeMutablePointer<CChar>?] = words.map { strdup($0) }
         defer { argv.forEach { free($0) } }
-        let bridge = Bridge(fs: fs, cacheSeconds: cacheSeconds, log: log)
+        let bridge = Bridge(fs: fs, cacheSeconds: cacheSeconds, faults: faults, log: log)
         replayer = Replayer(mountpoint: mountpoint, state: bridge.replay, log: log)
         let ref = Unmanaged.passRetained(bridge)
         bridgeRef = ref
@@ -826,8 +856,6 @@ public final class FuseSession: @unchecked Sendable {
             throw FSError(EINVAL, "libfuse refused the mount options: \(all.joined(separator: ","))")
         }
         session = made
-        var under = stat()
-        if stat(mountpoint, &under) == 0 { underlyingDevice = under.st_dev }
         guard fuse_session_mount(session, mountpoint) == 0 else {
             fuse_session_destroy(session)
             bridgeRef.release()
@@ -848,7 +876,12 @@ public final class FuseSession: @unchecked Sendable {
         let config = fuse_loop_cfg_create()
         fuse_loop_cfg_set_max_threads(config, 16)
         fuse_loop_cfg_set_idle_threads(config, 4)
-        if readAheadKiB > 0 { setReadAhead() }
+        // Root only; an anonymous device (major 0), never the disk under the mountpoint.
+        if readAheadKiB > 0, let device, device.hasPrefix("0:") {
+            let bridge = bridgeRef.takeUnretainedValue()
+            bridge.readAhead = ("/sys/class/bdi/\(device)/read_ahead_kb", readAheadKiB)
+            bridge.readAheadPending.store(true, ordering: .releasing)
+        }
         let result = fuse_session_loop_mt(session, config)
         // Nothing answers a replay from now on; one still in flight ends when the session is
         // destroyed (the kernel fails it), and invalidations no longer wait for it.
@@ -857,35 +890,6 @@ public final class FuseSession: @unchecked Sendable {
         fuse_loop_cfg_destroy(config)
         fuse_remove_signal_handlers(session)
         return result
-    }
-
-    /// Sets the mount's read-ahead (root only: `/sys/class/bdi/0:N/read_ahead_kb`), on a thread
-    /// of its own: only once the kernel has taken the INIT answer, which lowers the read-ahead
-    /// to what it offered, does a stat through the mount return. (A file opened before that
-    /// keeps 128 KiB: the kernel takes the setting at open.) The device must be the mount's
-    /// (an anonymous one, major 0), never the disk under the mountpoint.
-    private func setReadAhead() {
-        let (path, kib, under, log) = (mountpoint, readAheadKiB, underlyingDevice, bridgeRef.takeUnretainedValue().log)
-        let t = Thread {
-            var st = stat()
-            guard stat(path, &st) == 0, st.st_dev != under else { return }
-            let dev = UInt64(st.st_dev)
-            let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~0xfff), minor = (dev & 0xff) | ((dev >> 12) & ~0xff)
-            guard major == 0 else { return }
-            let file = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
-            let fd = open(file, O_WRONLY | O_CLOEXEC)
-            guard fd >= 0 else {
-                if geteuid() == 0 { log("read-ahead stays the kernel's: cannot open \(file): \(String(cString: strerror(errno)))") }
-                return
-            }
-            defer { Glibc.close(fd) }
-            let text = "\(kib)\n"
-            if write(fd, text, text.utf8.count) < 0 {
-                log("read-ahead stays the kernel's: \(file): \(String(cString: strerror(errno)))")
-            }
-        }
-        t.name = "read-ahead"
-        t.start()
     }
 
     /// Tell the kernel to drop what it cached of things another writer changed. Call from a

@@ -7,7 +7,7 @@ import Foundation
 import Glibc
 #endif
 
-/// The store calls a `FaultPlan` can fail.
+/// The store calls a `FaultPlan` can fail (and one of the bridge's, for tests of a hung mount).
 public enum FaultOperation: String, Sendable, CaseIterable {
     // MetadataStore
     case load, commit, changes, trim, reserve, versions, version
@@ -17,6 +17,9 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSetFinished, workSync
     // LockTable (`release` cannot fail)
     case lockSet, lockTest
+    // Not the store's: the FUSE bridge's answer to a replay of another writer's change made
+    // through the mount (delay or hold only; an errno is ignored)
+    case replayAnswer
 }
 
 /// Which calls of an operation fail. Calls are counted from when the rule was set.

@@ -163,4 +163,48 @@ final class FaultMountTests: MountTestCase {
         try unmount()
         assertStoreWhole()
     }
+
+    /// A daemon killed while one of its threads waits on its own mount (here its replay of the
+    /// other mount's change, whose answer is held back) cannot finish exiting by itself: the
+    /// kernel waits for that answer even under SIGKILL, and the daemon's /dev/fuse stays open.
+    /// The daemon's guard ends the connection: the mount answers ENOTCONN instead of hanging
+    /// every program that uses it, the daemon is gone, and the mount clears.
+    func testAKilledDaemonWaitingOnItsOwnMountLeavesNoHungMount() throws {
+        faults()
+        try mount(extra: ["--cache-seconds", "600"])
+        let second = workDir + "/mnt2"
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(extra: ["--cache-seconds", "600"], at: second)
+        let pid = try daemonPID(of: mountPoint)
+        XCTAssertEqual(ls(d), [], "the kernel holds the folder, so the other mount's changes in it are replayed here")
+        faults("replayAnswer delay 600000")
+        eventually("both daemons read the faults") {
+            self.daemonLogTail(lines: 40).components(separatedBy: "fault injection: now replayAnswer delay 600000").count == 3
+        }
+        XCTAssertEqual(Posix.writeFile(second + "/SugoiApp/theirs.txt", "from the other mount\n"), 0)
+        eventually("this daemon's replay waits on its own mount") {
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []).contains {
+                (try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/wchan", encoding: .utf8)) == "request_wait_answer"
+            }
+        }
+        kill(pid, SIGKILL)
+        eventually("the mount answers ENOTCONN", seconds: 15) {
+            let probe = Command.run(["stat", mountPoint], timeout: 3)
+            return probe.status == 1 && probe.stderr.contains("Transport endpoint is not connected")
+        }
+        eventually("the daemon's last thread is gone") {
+            // Reaped, or a zombie waiting for its parent with no thread left.
+            let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+            let threads = status.split(separator: "\n").first { $0.hasPrefix("Threads:") }.flatMap { Int($0.dropFirst(8).trimmingCharacters(in: .whitespaces)) }
+            return status.isEmpty || (status.contains("State:\tZ") && threads == 1)
+        }
+        XCTAssertTrue(daemonLogTail().contains("guard: daemon \(pid) died with a thread still waiting on its own mount"),
+                      daemonLogTail())
+        let clear = ubiquityfs(["unmount", "--if-dead", mountPoint])
+        XCTAssertEqual(clear.status, 0, "\(clear)")
+        XCTAssertFalse(isMounted(mountPoint))
+        faults()
+        XCTAssertEqual(Posix.readText(second + "/SugoiApp/theirs.txt"), "from the other mount\n", "the other mount serves on")
+        try unmount(at: second)
+    }
 }

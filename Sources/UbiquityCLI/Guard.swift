@@ -1,0 +1,143 @@
+// The connection guard: a small process the daemon starts once mounted, which ends the mount's
+// FUSE connection if the daemon dies without being able to finish dying.
+//
+// Some of the daemon's threads wait on the daemon's own mount: the replay thread makes other
+// writers' changes again through it, and an invalidation waits for the folder's lock, which a
+// program's request in that folder holds until a worker answers. The kernel waits for the
+// answer to a request a worker has read, and for that lock, even under SIGKILL. Killed at such
+// a moment, the daemon's workers are gone, the waiting thread never returns, the process never
+// finishes exiting, and its /dev/fuse descriptor stays open: the kernel ends a connection only
+// when the last descriptor closes, so every program using the mount would hang with it, where
+// a daemon that is simply gone leaves an error (ENOTCONN). The guard sees the daemon dying
+// (its main thread a zombie while other threads remain, or SIGKILL pending) for a second and
+// ends the connection through fusectl, as `umount -f` would: the waits return, the daemon
+// finishes exiting, and the mount answers ENOTCONN until it is unmounted.
+
+import Foundation
+import Glibc
+
+/// The internal first argument that makes `ubiquityfs` a guard.
+let guardArgument = "--guard-connection"
+
+/// Starts the guard of the mount whose fusectl connection is `connection` (the N of "0:N").
+/// It holds no descriptor of the daemon's but /proc/PID, which names this very process even
+/// once its pid is reused.
+func startConnectionGuard(connection: String, logPath: String, log: @Sendable (String) -> Void) {
+    let procFD = open("/proc/\(getpid())", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard procFD >= 0 else {
+        log("no connection guard: cannot open /proc/\(getpid()): \(String(cString: strerror(errno)))")
+        return
+    }
+    defer { close(procFD) }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_adddup2(&actions, procFD, 3)
+    // Above all, not /dev/fuse: the guard must never keep the connection open itself.
+    guard let closeFrom = spawnCloseFrom, closeFrom(&actions, 4) == 0 else {
+        log("no connection guard: this C library cannot close a spawned program's descriptors")
+        return
+    }
+    var attr = posix_spawnattr_t()
+    posix_spawnattr_init(&attr)
+    defer { posix_spawnattr_destroy(&attr) }
+    posix_spawnattr_setflags(&attr, Int16(0x80))  // POSIX_SPAWN_SETSID (glibc): not imported
+    let args = ["ubiquityfs", guardArgument, String(getpid()), connection, logPath]
+    let cargs = args.map { strdup($0) } + [nil]
+    defer { cargs.forEach { free($0) } }
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, cargs, environ)
+    if rc != 0 { log("no connection guard: cannot start it: \(String(cString: strerror(rc)))") }
+}
+
+/// glibc 2.34's posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc does not show.
+private let spawnCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? =
+    dlsym(nil, "posix_spawn_file_actions_addclosefrom_np").map {
+        unsafeBitCast($0, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+    }
+
+/// The guard's life: watch /proc/PID (descriptor 3) four times a second until the daemon is
+/// gone. Arguments: the daemon's pid (for the log), the connection number, the log file.
+func runConnectionGuard(_ args: [String]) -> Int32 {
+    guard args.count == 3, let daemon = pid_t(args[0]), let connection = Int(args[1]) else { return ExitCode.usage }
+    _ = chdir("/")
+    let logger = Logger(path: args[2], toStderr: false)
+    var dyingSince: Date?
+    var abortedAt: Date?
+    while true {
+        usleep(250_000)
+        guard let state = processState(procFD: 3) else { return ExitCode.success }   // reaped
+        guard state.dying else {
+            dyingSince = nil
+            continue
+        }
+        if state.threads <= 1 && state.zombie { return ExitCode.success }   // exited; only unreaped
+        let since = dyingSince ?? Date()
+        dyingSince = since
+        if let abortedAt {
+            if Date().timeIntervalSince(abortedAt) > 10 {
+                logger.write("guard: daemon \(daemon) has not finished exiting 10 s after its connection was ended; giving up")
+                return ExitCode.failure
+            }
+        } else if Date().timeIntervalSince(since) >= 1 {
+            abortedAt = Date()
+            switch abortConnection(connection) {
+            case nil:
+                logger.write("guard: daemon \(daemon) died with a thread still waiting on its own mount; ended FUSE connection "
+                             + "\(connection): programs using the mount get ENOTCONN until it is unmounted")
+            case let problem?:
+                logger.write("guard: daemon \(daemon) died with a thread still waiting on its own mount, and its FUSE connection "
+                             + "\(connection) cannot be ended (\(problem)): run 'umount -f' on the mount point as root")
+                return ExitCode.failure
+            }
+        }
+    }
+}
+
+/// What /proc/PID/status says of a process: dying (its main thread a zombie while others
+/// remain, or SIGKILL pending), its thread count. nil once the process is reaped.
+private func processState(procFD: Int32) -> (dying: Bool, zombie: Bool, threads: Int)? {
+    let fd = openat(procFD, "status", O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var buffer = [UInt8](repeating: 0, count: 4096)
+    let n = read(fd, &buffer, buffer.count)
+    guard n > 0 else { return nil }
+    var zombie = false, threads = 0, killPending = false
+    for line in buffer[0..<n].split(separator: UInt8(ascii: "\n")) {
+        let text = String(decoding: line, as: UTF8.self)
+        guard let colon = text.firstIndex(of: ":") else { continue }
+        let value = text[text.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        switch text[..<colon] {
+        case "State": zombie = value.hasPrefix("Z") || value.hasPrefix("X")
+        case "Threads": threads = Int(value) ?? 0
+        case "SigPnd", "ShdPnd":
+            // A hex mask; signal 9 is bit 8.
+            if let mask = UInt64(value, radix: 16), mask & (1 << 8) != 0 { killPending = true }
+        default: break
+        }
+    }
+    return (zombie || killPending, zombie, threads)
+}
+
+/// Writes fusectl's abort file of `connection`, mounting fusectl for it if it is not (and
+/// unmounting it after). nil, or what went wrong.
+private func abortConnection(_ connection: Int) -> String? {
+    let folder = "/sys/fs/fuse/connections"
+    var mountedHere = false
+    if access("\(folder)/\(connection)", F_OK) != 0 {
+        guard mount("fusectl", folder, "fusectl", 0, nil) == 0 else {
+            return "fusectl is not mounted on \(folder) and cannot be: \(String(cString: strerror(errno)))"
+        }
+        mountedHere = true
+    }
+    defer { if mountedHere { _ = umount(folder) } }
+    let fd = open("\(folder)/\(connection)/abort", O_WRONLY | O_CLOEXEC)
+    guard fd >= 0 else { return "\(folder)/\(connection)/abort: \(String(cString: strerror(errno)))" }
+    defer { close(fd) }
+    guard write(fd, "1\n", 2) == 2 else { return "\(folder)/\(connection)/abort: \(String(cString: strerror(errno)))" }
+    return nil
+}
