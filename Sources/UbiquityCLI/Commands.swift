@@ -390,7 +390,8 @@ final class ChangeFeed: @unchecked Sendable {
                 fs.sendQueuedChanges()
                 do {
                     let (changes, watches) = try fs.catchUpForKernel()
-                    if !changes.isEmpty { session.invalidate(changes) }
+                    let held = fs.heldByKernel(changes)
+                    if !held.isEmpty { session.invalidate(held) }
                     session.replay(watches)
                     // Changes queued while the store was out of reach that another machine's
                     // overtook; what settling them changes reaches the kernel at the next round.

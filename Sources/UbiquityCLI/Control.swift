@@ -192,9 +192,9 @@ final class ControlServer: @unchecked Sendable {
     private var stopping = false   // guarded by condition
     private var finished = false   // guarded by condition
 
-    /// Run after each command but `status`, before the reply: waits until the kernel has been
-    /// told what the command changed, so a name it made shows at once even where the kernel
-    /// remembered it as missing.
+    /// Run after each command that may have changed names, before the reply: waits until the
+    /// kernel has been told what the command changed, so a name it made shows at once even
+    /// where the kernel remembered it as missing.
     private let afterChange: @Sendable () -> Void
 
     init(storeDir: String, fs: UbiquityFileSystem, log: @escaping @Sendable (String) -> Void,
@@ -274,7 +274,9 @@ final class ControlServer: @unchecked Sendable {
             return
         }
         let reply = ControlHandler.handle(request, fs: fs, daemon: true)
-        if request.command != "status" {
+        // `status` and `trash list` only read. (A command that failed in part may have changed
+        // some names: it waits too.)
+        if request.command != "status" && !(request.command == "trash" && request.action == "list") {
             afterChange()
             for line in reply.out + reply.err { log("control: \(request.command): \(line)") }
         }

@@ -240,6 +240,21 @@ extension UbiquityFileSystem {
         store.metadata.waitForChanges(seconds)
     }
 
+    /// The invalidations of `changes` that concern what the kernel holds: it answers the rest
+    /// ENOENT, and a delete into Recently Deleted alone makes five for the desktop trash's
+    /// folders (a system call each). A node counts as held from before the kernel is given it
+    /// (`remember`) until it forgets it.
+    public func heldByKernel(_ changes: [KernelInvalidation]) -> [KernelInvalidation] {
+        docsLock.withLock {
+            changes.filter { change in
+                switch change {
+                case .node(let ino): return ino == Self.rootID || lookups[ino] != nil
+                case .entry(let parent, _): return parent == Self.rootID || lookups[parent] != nil
+                }
+            }
+        }
+    }
+
     /// `catchUp`, and the same changes as replays for programs watching the mount (see
     /// WatchEvents.swift): the change feed sends the invalidations first, then replays.
     public func catchUpForKernel() throws(FSError) -> (invalidations: [KernelInvalidation], watches: [WatchEvent]) {

@@ -191,6 +191,32 @@ final class SeveralWritersTests: TwoWritersTestCase {
         XCTAssertEqual(try one.names(files), ["x"])
     }
 
+    /// Only what the kernel holds is invalidated: a folder it never looked at (the desktop
+    /// trash's, here) gets nothing until it is looked up, then what changes in it does.
+    func testOnlyWhatTheKernelHoldsIsInvalidated() throws {
+        let (files, twoDeletes) = try twoAlikeFilesOneDeleted()
+        try twoDeletes()
+        let told = try one.catchUp()
+        XCTAssertTrue(told.contains(.node(files)), "\(told)")
+        func inFiles(_ c: KernelInvalidation) -> Bool {
+            if case .entry(let parent, _) = c { return parent == files }
+            return c == .node(files)
+        }
+        XCTAssertTrue(told.contains { inFiles($0) && $0 != .node(files) }, "\(told)")
+        XCTAssertEqual(one.heldByKernel(told).filter(inFiles), [], "the kernel never looked at the trash's files folder")
+        let docs = try one.ino("SugoiApp")
+        one.remember(files)
+        one.remember(docs)
+        _ = try one.restoreFromTrash(one.trashItems().last!.ino)
+        let held = one.heldByKernel(try one.catchUp())
+        for name in ["x", "x.2"] { XCTAssertTrue(held.contains(.entry(parent: files, name: b(name))), "\(name) in \(held)") }
+        XCTAssertTrue(held.contains(.node(files)))
+        one.forget(files, count: 1)
+        XCTAssertEqual(one.heldByKernel([.node(files), .entry(parent: files, name: b("x"))]), [], "forgotten")
+        XCTAssertEqual(one.heldByKernel([.node(UbiquityFileSystem.rootID)]), [.node(UbiquityFileSystem.rootID)], "the root is always held")
+        one.forget(docs, count: 1)
+    }
+
     /// Another writer's item wanting the name of one that leaves before the next listing: the
     /// names the listing shows are those worked out from scratch (the arrival does not keep a
     /// `name.2` the departure freed).
