@@ -356,6 +356,8 @@ final class Document: @unchecked Sendable {
         let workers = store.localChunks == nil ? 1 : min(Self.parallelUploads, indices.count)
         let results = ChunkResults(indices.count)
         let size = self.size, blobs = store.blobs
+        // A chunk file of the working copy becomes its blob by a second name: no byte written twice.
+        let adopting = blobs as? ChunkAdopting
         DispatchQueue.concurrentPerform(iterations: workers) { worker in
             let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
             defer { buffer.deallocate() }
@@ -365,6 +367,7 @@ final class Document: @unchecked Sendable {
                 let length = min(chunkSize, Int(size) - index * chunkSize)
                 let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<length])
                 do {
+                    let file = adopting == nil ? nil : try work.chunkFile(index, length: length)
                     var got = 0
                     while got < length {
                         let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]), at: index * chunkSize + got)
@@ -374,8 +377,14 @@ final class Document: @unchecked Sendable {
                     if got < length {
                         UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0)
                     }
-                    results.set(i, isAllZero(UnsafeRawBufferPointer(piece))
-                                ? .hole : try blobs.write(UnsafeRawBufferPointer(piece), durable: durable))
+                    let bytes = UnsafeRawBufferPointer(piece)
+                    if isAllZero(bytes) {
+                        results.set(i, .hole)
+                    } else if let adopting, let file {
+                        results.set(i, try adopting.adopt(file, length: length, checksum: contentChecksum(bytes), durable: durable))
+                    } else {
+                        results.set(i, try blobs.write(bytes, durable: durable))
+                    }
                 } catch {
                     results.fail(error)
                 }

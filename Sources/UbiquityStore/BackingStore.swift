@@ -483,6 +483,23 @@ public protocol WorkFile: AnyObject, Sendable {
     func sync() throws(StoreError)
     /// Delete the working copy and its map.
     func remove()
+    /// The file that holds chunk `index` alone, made exactly `length` bytes long (its tail past
+    /// what was written reads as zeros), for a blob store to take as the chunk's blob by a name
+    /// of its own (`ChunkAdopting`); nil where chunks do not have files of their own. The file
+    /// is not written again: a working copy is removed once published.
+    func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String?
+}
+
+public extension WorkFile {
+    func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? { nil }
+}
+
+/// A blob store on the same file system as the working copies: a working copy's chunk file
+/// becomes a blob by a second name (a hard link), so published content is written once.
+public protocol ChunkAdopting: AnyObject, Sendable {
+    /// Makes `path` (`length` bytes whose checksum is `checksum`) a blob as well, the file
+    /// keeping its name. `durable` as for `BlobStore.write`.
+    func adopt(_ path: String, length: Int, checksum: UInt64, durable: Bool) throws(StoreError) -> ChunkRef
 }
 
 /// A working copy found at start-up: a daemon died before publishing it.

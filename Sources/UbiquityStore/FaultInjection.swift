@@ -286,7 +286,7 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
     public func reachability() -> StoreReachability? { wrapped.reachability() }
 }
 
-public final class FaultInjectingBlobStore: BlobStore, Sendable {
+public final class FaultInjectingBlobStore: BlobStore, ChunkAdopting, Sendable {
     public let wrapped: any BlobStore
     public let plan: FaultPlan
 
@@ -298,6 +298,20 @@ public final class FaultInjectingBlobStore: BlobStore, Sendable {
     public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
         try plan.check(.blobWrite)
         return try wrapped.write(bytes, durable: durable)
+    }
+
+    /// A blob write too; by copy when the wrapped store cannot adopt.
+    public func adopt(_ file: String, length: Int, checksum: UInt64, durable: Bool) throws(StoreError) -> ChunkRef {
+        try plan.check(.blobWrite)
+        if let adopting = wrapped as? ChunkAdopting { return try adopting.adopt(file, length: length, checksum: checksum, durable: durable) }
+        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        if fd < 0 { throw systemError("open", file, errno) }
+        defer { close(fd) }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: length, alignment: 16)
+        defer { buffer.deallocate() }
+        let n = try preadFully(fd, buffer, at: 0, path: file)
+        guard n == length else { throw StoreError(errno: EIO, "\(file) is \(n) bytes, not \(length)") }
+        return try wrapped.write(UnsafeRawBufferPointer(buffer), durable: durable)
     }
 
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
@@ -425,6 +439,11 @@ public final class FaultInjectingWorkFile: WorkFile, Sendable {
     public func sync() throws(StoreError) {
         try plan.check(.workSync)
         try wrapped.sync()
+    }
+
+    public func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? {
+        try plan.check(.workRead)
+        return try wrapped.chunkFile(index, length: length)
     }
 
     public func remove() { wrapped.remove() }

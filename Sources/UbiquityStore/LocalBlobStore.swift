@@ -66,7 +66,7 @@ struct FDCache {
     mutating func remove(_ id: BlobID) -> CachedFD? { entries.removeValue(forKey: id)?.handle }
 }
 
-public final class LocalBlobStore: BlobStore, @unchecked Sendable {
+public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable {
     // `cacheMutex` guards `cache` (the map of open read fds) and nothing else; it is never held
     // across a system call (evicted fds are released, and so maybe closed, after unlocking).
     private let cacheMutex = StoreMutex()
@@ -201,6 +201,57 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
         }
     }
 
+    /// A working copy's chunk file becomes a blob by a hard link: its bytes, already in the page
+    /// cache, are not copied. Where a link cannot be made (another file system, say), the bytes
+    /// are read and written as any blob's.
+    public func adopt(_ file: String, length: Int, checksum: UInt64, durable: Bool) throws(StoreError) -> ChunkRef {
+        guard length > 0, length <= chunkSize else {
+            throw StoreError(errno: EINVAL, "adopt \(file): a chunk of \(length) bytes")
+        }
+        var generator = SystemRandomNumberGenerator()
+        while true {
+            var id: BlobID = 0
+            while id == 0 { id = generator.next() }
+            let final = path(of: id)
+            if retryEINTR({ link(file, final) }) != 0 {
+                let code = errno
+                if code == EEXIST { continue }   // id already taken: draw another
+                guard code == EXDEV || code == EPERM || code == EMLINK || code == ENOTSUP else {
+                    throw systemError("link", "\(file) to \(final)", code)
+                }
+                return try copying(file, length: length, durable: durable)
+            }
+            if durable {
+                do throws(StoreError) {
+                    let fd = retryEINTR { open(final, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+                    if fd < 0 { throw systemError("open", final, errno) }
+                    defer { close(fd) }
+                    try fdatasyncChecked(fd, path: final)
+                    try fsyncDirectory(folder(of: id))
+                } catch {
+                    _ = retryEINTR { unlink(final) }
+                    throw error
+                }
+            } else {
+                syncMutex.withLock {
+                    if unsynced.count < Self.unsyncedLimit { unsynced.insert(id) } else { unsyncedOverflow = true }
+                }
+            }
+            return ChunkRef(blob: id, length: UInt32(length), checksum: checksum)
+        }
+    }
+
+    private func copying(_ file: String, length: Int, durable: Bool) throws(StoreError) -> ChunkRef {
+        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        if fd < 0 { throw systemError("open", file, errno) }
+        defer { close(fd) }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: length, alignment: 16)
+        defer { buffer.deallocate() }
+        let n = try preadFully(fd, buffer, at: 0, path: file)
+        guard n == length else { throw StoreError(errno: EIO, "\(file) is \(n) bytes, not \(length)") }
+        return try write(UnsafeRawBufferPointer(buffer), durable: durable)
+    }
+
     /// Stores `bytes` as blob `id`, a copy of another store's blob (a cache of it), replacing any
     /// file of that id. Not synced: a cache's copy that a power cut loses is fetched again.
     package func put(_ id: BlobID, _ bytes: UnsafeRawBufferPointer) throws(StoreError) {
@@ -318,9 +369,12 @@ public final class LocalBlobStore: BlobStore, @unchecked Sendable {
             for name in (try? fm.contentsOfDirectory(atPath: blobsPath + "/" + folder)) ?? [] {
                 guard name.count == 16, let id = UInt64(name, radix: 16), id != 0 else { continue }
                 if let cutoff {
+                    // The change time too: an adopted chunk file (`adopt`) may have been written
+                    // long before the link that made it a blob, which sets only its ctime.
                     var st = stat()
                     guard lstat(blobsPath + "/" + folder + "/" + name, &st) == 0,
-                          Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec) < cutoff else { continue }
+                          max(Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec),
+                              Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec)) < cutoff else { continue }
                 }
                 result.append(id)
             }

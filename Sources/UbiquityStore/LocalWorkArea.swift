@@ -18,11 +18,14 @@
 //               Maps of the earlier 32-byte format ("UBQWMAP1": no finished bit, no boot id)
 //               are still read; such a copy counts as neither finished nor intact.
 //
-// `leftovers()` returns every valid pair (its size = the data file's length, its dirty chunks
-// those below that size) and removes malformed or unpaired files.
+// That single-file format is what daemons made before chunked working copies (map format 3,
+// ChunkedWorkFile.swift), which `create` makes now; both are recovered.
 //
-// A daemon also keeps a few emptied pairs for reuse, `spare-<n>.data` / `spare-<n>.map` (see
-// `SparePairs`); recovery removes them with anything else that is not a pair.
+// `leftovers()` returns every valid working copy (a single-file one's size = the data file's
+// length, its dirty chunks those below that size) and removes malformed or unpaired files.
+//
+// A daemon also keeps a few emptied maps for reuse, `spare-<n>.map` (see `SparePairs`);
+// recovery removes them with anything else that is not a working copy.
 
 import Foundation
 #if canImport(Glibc)
@@ -32,8 +35,11 @@ import Glibc
 enum WorkMap {
     static let magic: [UInt8] = Array("UBQWMAP2".utf8)
     static let oldMagic: [UInt8] = Array("UBQWMAP1".utf8)
+    /// Chunks in files of their own (ChunkedWorkFile.swift), what `create` makes.
+    static let chunkedMagic: [UInt8] = Array("UBQWMAP3".utf8)
     static let headerSize = 64
     static let oldHeaderSize = 32
+    static let chunkedHeaderSize = 72
     static let hasBase: UInt64 = 1
     static let finished: UInt64 = 2
 
@@ -48,6 +54,14 @@ enum WorkMap {
         var ino: InodeNumber = 0
         /// Where the chunk bytes start.
         var chunksAt = WorkMap.headerSize
+        /// A chunked copy's id, which names its chunk files; nil for the single-file formats.
+        var copyID: UInt64?
+    }
+
+    static func chunkedHeader(ino: InodeNumber, base: VersionID?, size: UInt64, boot: [UInt8], copyID: UInt64) -> [UInt8] {
+        var out = chunkedMagic + header(ino: ino, base: base, size: size, boot: boot).dropFirst(8)
+        withUnsafeBytes(of: copyID.littleEndian) { out.append(contentsOf: $0) }
+        return out
     }
 
     static func header(ino: InodeNumber, base: VersionID?, size: UInt64, boot: [UInt8]) -> [UInt8] {
@@ -63,7 +77,8 @@ enum WorkMap {
 
     /// The header of a map file's bytes, or nil when malformed.
     static func parse(_ bytes: [UInt8]) -> Header? {
-        let current = bytes.count >= headerSize && Array(bytes[0..<8]) == magic
+        let chunked = bytes.count >= chunkedHeaderSize && Array(bytes[0..<8]) == chunkedMagic
+        let current = chunked || (bytes.count >= headerSize && Array(bytes[0..<8]) == magic)
         let old = bytes.count >= oldHeaderSize && Array(bytes[0..<8]) == oldMagic
         guard current || old else { return nil }
         return bytes.withUnsafeBytes { raw in
@@ -73,9 +88,10 @@ enum WorkMap {
             guard flags & ~(current ? hasBase | finished : hasBase) == 0 else { return nil }
             let mtime = current ? Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 48, as: Int64.self)) : 0
             let ino = current ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 56, as: UInt64.self)) : 0
+            let copyID = chunked ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 64, as: UInt64.self)) : nil
             return Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
                           finishedMtime: mtime, boot: current ? Array(bytes[32..<48]) : [], ino: ino,
-                          chunksAt: current ? headerSize : oldHeaderSize)
+                          chunksAt: chunked ? chunkedHeaderSize : current ? headerSize : oldHeaderSize, copyID: copyID)
         }
     }
 }
@@ -170,30 +186,25 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     private static func mapPath(_ folder: String, _ ino: InodeNumber) -> String { "\(folder)/\(ino).map" }
 
     public func create(ino: InodeNumber) throws(StoreError) -> any WorkFile {
-        let data = Self.dataPath(workPath, ino), map = Self.mapPath(workPath, ino)
-        // Unlink first, so the new pair are new files: a WorkFile still open on the old ones
-        // keeps its own (and its remove() won't touch the new ones).
-        // Under the spares' name lock: a spare kept meanwhile must not take these names' files.
-        let (dataFD, mapFD) = try spares.withNames { () throws(StoreError) -> (Int32, Int32) in
-            _ = retryEINTR { unlink(data) }
+        let map = Self.mapPath(workPath, ino)
+        // Unlink first, so the new map is a new file: a WorkFile still open on the old one keeps
+        // its own (and its remove() won't touch the new one). Its chunk files have names of
+        // their own (the copy id).
+        // Under the spares' name lock: a spare kept meanwhile must not take this name's file.
+        let mapFD = try spares.withNames { () throws(StoreError) -> Int32 in
             _ = retryEINTR { unlink(map) }
-            spares.take(as: data, map)   // a spare's empty files, renamed in, when there is one
-            let dataFD = retryEINTR { open(data, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-            if dataFD < 0 { throw systemError("create", data, errno) }
-            let mapFD = retryEINTR { open(map, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-            if mapFD < 0 {
-                let code = errno
-                close(dataFD)
-                _ = retryEINTR { unlink(data) }
-                throw systemError("create", map, code)
-            }
-            return (dataFD, mapFD)
+            spares.take(as: map)   // a spare's empty map, renamed in, when there is one
+            let fd = retryEINTR { open(map, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+            if fd < 0 { throw systemError("create", map, errno) }
+            return fd
         }
-        let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
-                                 workPath: workPath, dirty: [], newlyCreated: true, base: nil, reserve: reserve,
-                                 spares: spares)
+        var copyID: UInt64 = 0
+        while copyID == 0 { copyID = UInt64.random(in: 1...UInt64.max) }
+        let file = ChunkedWorkFile(ino: ino, folder: workPath, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: [],
+                                   files: [], newlyCreated: true, base: nil, size: 0, reserve: reserve, spares: spares)
         do throws(StoreError) {
-            try pwriteFully(mapFD, WorkMap.header(ino: ino, base: nil, size: 0, boot: currentBootID ?? []), at: 0, path: map)
+            try pwriteFully(mapFD, WorkMap.chunkedHeader(ino: ino, base: nil, size: 0, boot: currentBootID ?? [], copyID: copyID),
+                            at: 0, path: map)
         } catch {
             file.remove()
             throw error
@@ -291,7 +302,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         for (folder, lock) in folders {
             if let names = try? FileManager.default.contentsOfDirectory(atPath: folder) {
-                for name in names where name == "lock" || name.hasSuffix(".data") || name.hasSuffix(".map") {
+                for name in names where name == "lock" || name.hasSuffix(".data") || name.hasSuffix(".map") || Self.chunkFileName(name) != nil {
                     _ = retryEINTR { unlink(folder + "/" + name) }
                 }
             }
@@ -306,7 +317,17 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         if fd >= 0 { close(fd) }
     }
 
-    /// Every valid pair in `folder`; malformed or unpaired files are removed.
+    /// A chunked copy's chunk file name: `<ino>.<copy id, hex>.<index>`.
+    static func chunkFileName(_ name: String) -> (ino: InodeNumber, copyID: UInt64, index: Int)? {
+        let parts = name.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let ino = InodeNumber(parts[0]), let copyID = UInt64(parts[1], radix: 16),
+              let index = Int(parts[2]), index >= 0,
+              ChunkedWorkFile.chunkName(ino: ino, copyID: copyID, index: index) == name else { return nil }
+        return (ino, copyID, index)
+    }
+
+    /// Every valid working copy in `folder` (a map with its data file, or a chunked map with its
+    /// chunk files); malformed, unpaired and unclaimed files are removed.
     private func scan(_ folder: String, keepingSpares: Bool = false) throws(StoreError) -> [RecoveredWork] {
         let names: [String]
         do {
@@ -315,6 +336,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             throw StoreError(errno: EIO, "list \(folder): \(error)")
         }
         var datas = Set<InodeNumber>(), maps = Set<InodeNumber>()
+        var chunkFiles: [InodeNumber: [(copyID: UInt64, index: Int, name: String)]] = [:]
         for name in names {
             let path = folder + "/" + name
             var st = stat()
@@ -323,53 +345,88 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
                 datas.insert(ino)
             } else if name.hasSuffix(".map"), let ino = InodeNumber(name.dropLast(4)), "\(ino).map" == name {
                 maps.insert(ino)
+            } else if let c = Self.chunkFileName(name) {
+                chunkFiles[c.ino, default: []].append((c.copyID, c.index, name))
             } else if name != "lock" && !(keepingSpares && name.hasPrefix(SparePairs.prefix)) {
                 _ = retryEINTR { unlink(path) }  // not ours
             }
         }
-        for ino in datas.symmetricDifference(maps) {  // half a pair: useless
-            _ = retryEINTR { unlink(Self.dataPath(folder, ino)) }
-            _ = retryEINTR { unlink(Self.mapPath(folder, ino)) }
-        }
         var result: [RecoveredWork] = []
-        for ino in datas.intersection(maps).sorted() {
-            if let work = recover(ino, in: folder) {
+        for ino in maps.sorted() {
+            if let work = recover(ino, in: folder, hasData: datas.contains(ino), chunkFiles: chunkFiles[ino] ?? []) {
                 result.append(work)
+                // Its own chunk files stay; another copy's of the same inode go below.
+                let own = (work.file as? ChunkedWorkFile)?.copyID
+                chunkFiles[ino]?.removeAll { $0.copyID == own }
+                if own == nil { datas.remove(ino) }
             } else {
-                _ = retryEINTR { unlink(Self.dataPath(folder, ino)) }
                 _ = retryEINTR { unlink(Self.mapPath(folder, ino)) }
             }
         }
+        // Data files without a single-file map, chunk files no map claims: useless.
+        for ino in datas { _ = retryEINTR { unlink(Self.dataPath(folder, ino)) } }
+        for (_, files) in chunkFiles { for f in files { _ = retryEINTR { unlink(folder + "/" + f.name) } } }
         return result
     }
 
-    /// Opens a leftover pair; nil when malformed.
-    private func recover(_ ino: InodeNumber, in folder: String) -> RecoveredWork? {
-        let data = Self.dataPath(folder, ino), map = Self.mapPath(folder, ino)
-        let dataFD = retryEINTR { open(data, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
-        guard dataFD >= 0 else { return nil }
+    /// Opens a leftover working copy whose map is `<ino>.map`; nil when malformed. A chunked
+    /// map claims the chunk files of its copy id (the others are left for the caller to remove).
+    private func recover(_ ino: InodeNumber, in folder: String, hasData: Bool,
+                         chunkFiles: [(copyID: UInt64, index: Int, name: String)]) -> RecoveredWork? {
+        let map = Self.mapPath(folder, ino)
         let mapFD = retryEINTR { open(map, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
-        guard mapFD >= 0 else { close(dataFD); return nil }
-        var dataStat = stat(), mapStat = stat()
-        guard retryEINTR({ fstat(dataFD, &dataStat) }) == 0, retryEINTR({ fstat(mapFD, &mapStat) }) == 0,
-              mapStat.st_size >= WorkMap.oldHeaderSize else {
-            close(dataFD); close(mapFD); return nil
+        guard mapFD >= 0 else { return nil }
+        var mapStat = stat()
+        guard retryEINTR({ fstat(mapFD, &mapStat) }) == 0, mapStat.st_size >= WorkMap.oldHeaderSize else {
+            close(mapFD); return nil
         }
         var bytes = [UInt8](repeating: 0, count: Int(mapStat.st_size))
         let n = bytes.withUnsafeMutableBytes { (try? preadFully(mapFD, $0, at: 0, path: map)) ?? -1 }
         guard n == bytes.count, let header = WorkMap.parse(bytes), header.ino == 0 || header.ino == ino else {
-            close(dataFD); close(mapFD); return nil
+            close(mapFD); return nil
         }
+        func dirtyBelow(_ size: UInt64) -> [Int] {
+            let chunks = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
+            return (0..<min(chunks, max(0, bytes.count - header.chunksAt))).filter { bytes[header.chunksAt + $0] == 1 }
+        }
+        let intact = currentBootID != nil && header.boot == currentBootID
+        guard let copyID = header.copyID else {
+            guard hasData else { close(mapFD); return nil }
+            return recoverSingleFile(ino, in: folder, mapFD: mapFD, header: header, dirtyBelow: dirtyBelow, intact: intact)
+        }
+        // Chunked: the size is the header's or the furthest chunk file's end.
+        var dataEnd: UInt64 = 0
+        var files = Set<Int>()
+        var newest = Int64(mapStat.st_mtim.tv_sec) * 1_000_000_000 + Int64(mapStat.st_mtim.tv_nsec)
+        for f in chunkFiles where f.copyID == copyID {
+            var st = stat()
+            guard lstat(folder + "/" + f.name, &st) == 0 else { continue }
+            files.insert(f.index)
+            if st.st_size > 0 { dataEnd = max(dataEnd, UInt64(f.index * chunkSize) + UInt64(st.st_size)) }
+            newest = max(newest, Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec))
+        }
+        let size = max(header.size, dataEnd)
+        let dirty = dirtyBelow(size)
+        let file = ChunkedWorkFile(ino: ino, folder: folder, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: Set(dirty),
+                                   files: files, newlyCreated: false, base: header.base, size: header.size, dataEnd: dataEnd,
+                                   reserve: reserve)
+        return RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
+                             finished: header.finished, intact: intact, modified: header.finished ? header.finishedMtime : newest)
+    }
+
+    /// A single-file working copy (map formats 1 and 2, from before chunked copies).
+    private func recoverSingleFile(_ ino: InodeNumber, in folder: String, mapFD: Int32, header: WorkMap.Header,
+                                   dirtyBelow: (UInt64) -> [Int], intact: Bool) -> RecoveredWork? {
+        let data = Self.dataPath(folder, ino), map = Self.mapPath(folder, ino)
+        let dataFD = retryEINTR { open(data, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        guard dataFD >= 0 else { close(mapFD); return nil }
+        var dataStat = stat()
+        guard retryEINTR({ fstat(dataFD, &dataStat) }) == 0 else { close(dataFD); close(mapFD); return nil }
         let size = UInt64(dataStat.st_size)
-        let chunks = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
-        var dirty: [Int] = []
-        for i in 0..<min(chunks, bytes.count - header.chunksAt) where bytes[header.chunksAt + i] == 1 {
-            dirty.append(i)
-        }
+        let dirty = dirtyBelow(size)
         let file = LocalWorkFile(ino: ino, dataFD: dataFD, mapFD: mapFD, dataPath: data, mapPath: map,
                                  workPath: folder, dirty: Set(dirty), newlyCreated: false, base: header.base,
                                  chunksAt: header.chunksAt, reserve: reserve)
-        let intact = currentBootID != nil && header.boot == currentBootID
         let modified = header.finished ? header.finishedMtime
             : Int64(dataStat.st_mtim.tv_sec) * 1_000_000_000 + Int64(dataStat.st_mtim.tv_nsec)
         return RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
@@ -390,8 +447,6 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     /// Offset of the chunk bytes in the map (an old-format map keeps its layout).
     private let chunksAt: Int
     private let reserve: SpaceReserve?
-    /// Where `remove()` puts the emptied files for reuse (nil: they are deleted).
-    private let spares: SparePairs?
 
     // `mutex` guards `dirty` (chunk indexes already marked in the map, to skip repeated
     // pwrites), `needsDirectorySync` (the files' names are not yet known durable) and `hasBase`
@@ -404,10 +459,9 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
 
     init(ino: InodeNumber, dataFD: Int32, mapFD: Int32, dataPath: String, mapPath: String,
          workPath: String, dirty: Set<Int>, newlyCreated: Bool, base: VersionID?, chunksAt: Int = WorkMap.headerSize,
-         reserve: SpaceReserve?, spares: SparePairs? = nil) {
+         reserve: SpaceReserve?) {
         self.ino = ino; self.dataFD = dataFD; self.mapFD = mapFD
         self.reserve = reserve
-        self.spares = spares
         self.dataPath = dataPath; self.mapPath = mapPath; self.workPath = workPath
         self.dirty = dirty; self.needsDirectorySync = newlyCreated
         self.hasBase = base != nil
@@ -481,7 +535,6 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     }
 
     public func remove() {
-        if let spares, spares.keep(data: (dataFD, dataPath), map: (mapFD, mapPath)) { return }
         // Unlink only if the names still refer to our files (a later create() of the same ino
         // replaced them otherwise).
         for (fd, path) in [(dataFD, dataPath), (mapFD, mapPath)] {
@@ -493,21 +546,22 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
     }
 }
 
-/// Emptied working-copy pairs kept for reuse in a daemon's folder. A working copy is made and
+/// Emptied working-copy maps kept for reuse in a daemon's folder. A working copy is made and
 /// removed at each edit of a file (every `echo line >> f`), and on ext4 a new file's inode
 /// allocation looks past every recently deleted inode of its group: with files made and deleted
-/// at that pace, it took 60% of the daemon's CPU. A rename reuses the inodes instead.
+/// at that pace, it took 60% of the daemon's CPU. A rename reuses the inodes instead. (Chunk
+/// files are never reused: a published one lives on as its blob.)
 final class SparePairs: @unchecked Sendable {
     static let prefix = "spare-"
-    /// Pairs kept at most (more open files than this at once make and delete files as before).
+    /// Maps kept at most (more open files than this at once make and delete maps as before).
     static let kept = 16
     private let folder: String
     private let mutex = StoreMutex()
-    private var free: [Int] = []   // guarded by mutex: spares whose two files are there
+    private var free: [Int] = []   // guarded by mutex: spares whose file is there
     private var taken = Set<Int>()   // guarded by mutex: numbers being filled or emptied
-    /// Held across a check of a working copy's names and what is done to them (`create`,
+    /// Held across a check of a working copy's map name and what is done to it (`create`,
     /// `keep`): with two documents of one inode (a discarded one, a reopened one) a later
-    /// create's files must not be moved into the pool. Taken before `mutex`.
+    /// create's map must not be moved into the pool. Taken before `mutex`.
     private let names = StoreMutex()
 
     init(folder: String) { self.folder = folder }
@@ -516,43 +570,34 @@ final class SparePairs: @unchecked Sendable {
         try names.withLock(body)
     }
 
-    private func paths(_ n: Int) -> (data: String, map: String) {
-        ("\(folder)/\(Self.prefix)\(n).data", "\(folder)/\(Self.prefix)\(n).map")
-    }
+    private func path(_ n: Int) -> String { "\(folder)/\(Self.prefix)\(n).map" }
 
-    /// Rename a spare pair to `data` and `map` (both names free), if there is one. The map comes
-    /// first: until its header is written, an empty map makes the pair no working copy at all.
-    /// Caller holds `withNames`.
-    func take(as data: String, _ map: String) {
+    /// Rename a spare map to `map` (a free name), if there is one. Until its header is written,
+    /// an empty map is no working copy at all. Caller holds `withNames`.
+    func take(as map: String) {
         guard let n = mutex.withLock({ () -> Int? in
             guard let n = free.popLast() else { return nil }
             taken.insert(n)
             return n
         }) else { return }
-        let spare = paths(n)
-        if rename(spare.map, map) != 0 || rename(spare.data, data) != 0 {
-            _ = unlink(spare.map)
-            _ = unlink(spare.data)
-        }
+        if rename(path(n), map) != 0 { _ = unlink(path(n)) }
         mutex.withLock { _ = taken.remove(n) }
     }
 
-    /// Empty a published working copy (`fd`s open on the files named by the paths) and keep its
-    /// files as a spare; false when the pool is full or the names no longer refer to these files
-    /// (the caller then deletes what is still its own).
-    func keep(data: (fd: Int32, path: String), map: (fd: Int32, path: String)) -> Bool {
-        names.withLock { keepLocked(data: data, map: map) }
+    /// Empty a published working copy's map (`fd` open on the file `path` names) and keep it as
+    /// a spare; false when the pool is full or the name no longer refers to this file (the
+    /// caller then deletes what is still its own).
+    func keep(map: (fd: Int32, path: String)) -> Bool {
+        names.withLock { keepLocked(map: map) }
     }
 
     /// Relies on the file system keeping metadata changes in order across a power cut (ext4,
-    /// XFS): the truncations are before the renames, and a map that comes back with another
+    /// XFS): the truncation is before the rename, and a map that comes back with another
     /// working copy's bytes says another inode anyway.
-    private func keepLocked(data: (fd: Int32, path: String), map: (fd: Int32, path: String)) -> Bool {
-        for (fd, path) in [data, map] {
-            var mine = stat(), named = stat()
-            guard fstat(fd, &mine) == 0, stat(path, &named) == 0, mine.st_dev == named.st_dev, mine.st_ino == named.st_ino else {
-                return false
-            }
+    private func keepLocked(map: (fd: Int32, path: String)) -> Bool {
+        var mine = stat(), named = stat()
+        guard fstat(map.fd, &mine) == 0, stat(map.path, &named) == 0, mine.st_dev == named.st_dev, mine.st_ino == named.st_ino else {
+            return false
         }
         guard let n = mutex.withLock({ () -> Int? in
             guard free.count + taken.count < Self.kept else { return nil }
@@ -560,18 +605,13 @@ final class SparePairs: @unchecked Sendable {
             if let n { taken.insert(n) }
             return n
         }) else { return false }
-        let spare = paths(n)
-        // The map is emptied first: from then on recovery sees no working copy here.
-        let kept = retryEINTR({ ftruncate(map.fd, 0) }) == 0 && retryEINTR({ ftruncate(data.fd, 0) }) == 0
-            && rename(map.path, spare.map) == 0 && rename(data.path, spare.data) == 0
+        // Emptied first: from then on recovery sees no working copy here.
+        let kept = retryEINTR({ ftruncate(map.fd, 0) }) == 0 && rename(map.path, path(n)) == 0
         mutex.withLock {
             taken.remove(n)
             if kept { free.append(n) }
         }
-        if !kept {
-            _ = unlink(spare.map)
-            _ = unlink(spare.data)
-        }
+        if !kept { _ = unlink(path(n)) }
         return kept
     }
 }

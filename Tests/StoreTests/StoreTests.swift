@@ -146,11 +146,75 @@ final class EmbeddedStoreTests: XCTestCase {
         let own = try XCTUnwrap(store.work as? LocalWorkArea).workPath
         XCTAssertTrue(own.hasPrefix(nested + "/work/d-"), own)
         XCTAssertTrue(fm.fileExists(atPath: own + "/lock"))
-        XCTAssertTrue(fm.fileExists(atPath: own + "/77.data"))
         XCTAssertTrue(fm.fileExists(atPath: own + "/77.map"))
+        XCTAssertEqual(try fm.contentsOfDirectory(atPath: own).sorted(), ["77.map", "lock"], "no chunk file until one is written")
+        try writeWork(file, [1, 2, 3], at: chunkSize + 5)
+        let chunk = try XCTUnwrap(try fm.contentsOfDirectory(atPath: own).first { $0.hasPrefix("77.") && $0 != "77.map" })
+        XCTAssertTrue(chunk.hasSuffix(".1"), "chunk 1's file: \(chunk)")
+        XCTAssertEqual(fm.contents(atPath: own + "/" + chunk), Data([0, 0, 0, 0, 0, 1, 2, 3]))
         file.remove()
-        XCTAssertFalse(fm.fileExists(atPath: own + "/77.data"))
-        XCTAssertFalse(fm.fileExists(atPath: own + "/77.map"))
+        XCTAssertEqual(try fm.contentsOfDirectory(atPath: own).filter { !$0.hasPrefix("spare-") }, ["lock"])
+    }
+
+    /// A working copy of the single-file format (before chunk files) is still recovered, and
+    /// published by copy; chunk files no map claims (another copy id, no map) are removed.
+    func testSingleFileWorkingCopyIsRecoveredAndStrayChunkFilesRemoved() throws {
+        do { _ = try fixture.open() }
+        let work = fixture.directory + "/work"
+        var map = Array("UBQWMAP2".utf8)
+        for word: UInt64 in [1, 42, 10] { withUnsafeBytes(of: word.littleEndian) { map += $0 } }
+        map += [UInt8](repeating: 0, count: 32)
+        map += [0, 1]   // chunk 1 is dirty
+        var data = Data(count: chunkSize)
+        data.append(Data("abc".utf8))
+        XCTAssertTrue(FileManager.default.createFile(atPath: work + "/7.map", contents: Data(map)))
+        XCTAssertTrue(FileManager.default.createFile(atPath: work + "/7.data", contents: data))
+        XCTAssertTrue(FileManager.default.createFile(atPath: work + "/7.abc.0", contents: Data([1])))   // claimed by no map
+        XCTAssertTrue(FileManager.default.createFile(atPath: work + "/9.abc.0", contents: Data([1])))
+        let store = try fixture.open()
+        let found = try store.work.leftovers()
+        XCTAssertEqual(found.map(\.ino), [7])
+        XCTAssertEqual(found.first?.base, 42)
+        XCTAssertEqual(found.first?.size, UInt64(chunkSize + 3))
+        XCTAssertEqual(found.first?.dirtyChunks, [1])
+        let file = try XCTUnwrap(found.first?.file)
+        XCTAssertNil(try file.chunkFile(1, length: 3), "one file for every chunk: nothing to adopt")
+        XCTAssertEqual(try readWork(file, at: chunkSize, count: 10), Array("abc".utf8))
+        XCTAssertEqual(try FileManager.default.contentsOfDirectory(atPath: work).filter { !$0.hasPrefix("d-") && $0 != "recovery.lock" }.sorted(),
+                       ["7.data", "7.map"])
+        file.remove()
+        store.work.recoveryFinished()
+    }
+
+    /// A chunk file becomes a blob by a second name: the blob has its bytes and checksum; the
+    /// working copy keeps its own name until it is removed, and the blob outlives it.
+    func testAChunkFileIsAdoptedAsABlobWithoutACopy() throws {
+        let store = try fixture.open()
+        let file = try store.work.create(ino: 12)
+        let bytes = Sample.bytes(5000, seed: 3)
+        try writeWork(file, bytes, at: 2 * chunkSize)
+        try file.markDirty(2)
+        let path = try XCTUnwrap(try file.chunkFile(2, length: 6000))
+        var before = stat()
+        XCTAssertEqual(stat(path, &before), 0)
+        XCTAssertEqual(before.st_size, 6000, "made the chunk's length: its tail is zeros")
+        let expected = bytes + [UInt8](repeating: 0, count: 1000)
+        let adopting = try XCTUnwrap(store.blobs as? ChunkAdopting)
+        let ref = try expected.withUnsafeBytes { raw in
+            try adopting.adopt(path, length: 6000, checksum: contentChecksum(raw), durable: false)
+        }
+        XCTAssertEqual(ref.length, 6000)
+        XCTAssertTrue(store.blobs.verify(ref))
+        let blob = try XCTUnwrap((store.blobs as? LocalBlobStore)?.path(of: ref.blob))
+        var after = stat()
+        XCTAssertEqual(stat(blob, &after), 0)
+        XCTAssertEqual(after.st_ino, before.st_ino, "the same file, not a copy")
+        XCTAssertEqual(try readWork(file, at: 2 * chunkSize, count: 6000), expected)
+        file.remove()
+        XCTAssertFalse(FileManager.default.fileExists(atPath: path))
+        XCTAssertEqual(try readBlob(store.blobs, ref.blob, count: 6000), expected)
+        XCTAssertTrue(try store.work.leftovers().isEmpty)
+        try store.blobs.syncWritten()
     }
 
     /// A working copy left by a daemon from before the finished mark (32-byte "UBQWMAP1" map) is
@@ -278,7 +342,7 @@ final class EmbeddedStoreTests: XCTestCase {
         }
         let leftover = try XCTUnwrap(try fixture.open().work.leftovers().first)
         XCTAssertTrue(leftover.intact, "same boot")
-        let map = try XCTUnwrap((leftover.file as? LocalWorkFile)?.mapFilePath)
+        let map = try XCTUnwrap((leftover.file as? ChunkedWorkFile)?.mapFilePath)
         let fd = open(map, O_WRONLY)
         XCTAssertGreaterThanOrEqual(fd, 0)
         XCTAssertEqual(pwrite(fd, [UInt8](repeating: 0x5A, count: 16), 16, 32), 16)   // another boot id
@@ -457,7 +521,8 @@ final class EmbeddedStoreTests: XCTestCase {
             let good = try area.create(ino: 5)
             try good.setBase(3, size: 10)
             try good.markDirty(0)
-            _ = try area.create(ino: 6)  // will lose its map
+            let lost = try area.create(ino: 6)  // will lose its map
+            try lost.markDirty(0)
         }
         let fm = FileManager.default
         try fm.removeItem(atPath: work + "/6.map")
@@ -474,7 +539,8 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(found.first?.base, 3)
         XCTAssertEqual(found.first?.size, 10)
         XCTAssertEqual(found.first?.dirtyChunks, [0])
-        XCTAssertEqual(try fm.contentsOfDirectory(atPath: work).sorted(), ["5.data", "5.map", "lock"])
+        XCTAssertEqual(try fm.contentsOfDirectory(atPath: work).filter { $0 != "lock" }.map { $0.hasSuffix(".0") ? "5.chunk0" : $0 }.sorted(),
+                       ["5.chunk0", "5.map"], "6's chunk file, the others' files and the junk are gone")
         found.first?.file.remove()
         area.recoveryFinished()
         XCTAssertFalse(fm.fileExists(atPath: work), "a gone daemon's folder is removed once recovered")
@@ -513,9 +579,10 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertNil([UInt8](repeating: 0, count: 21).withUnsafeBytes { ChunkPacking.unpack($0) })
     }
 
-    /// A removed working copy's files are emptied and kept (a few pairs at most) for the next
-    /// working copy, which starts empty; a map whose recorded inode differs from its name is no
-    /// working copy; another daemon's recovery of the folder removes the spares.
+    /// A removed working copy's map is emptied and kept (a few at most) for the next working
+    /// copy, which starts empty; its chunk files go (they may live on as blobs); a map whose
+    /// recorded inode differs from its name is no working copy; another daemon's recovery of
+    /// the folder removes the spares.
     func testARemovedWorkingCopysFilesAreReusedEmpty() throws {
         let directory = fixture.directory + "/reuse"
         var work: LocalWorkArea? = try LocalWorkArea(directory: directory)
@@ -525,11 +592,12 @@ final class EmbeddedStoreTests: XCTestCase {
         try writeWork(first, [UInt8](repeating: 7, count: 3000), at: 0)
         try first.markDirty(0)
         try first.setFinished(mtime: 5)
-        let used = inode(folder + "/8.data")
+        let used = inode(folder + "/8.map")
         first.remove()
         XCTAssertTrue(try workingCopies(work!).isEmpty)
+        XCTAssertEqual(Set(try FileManager.default.contentsOfDirectory(atPath: folder)), ["lock", "spare-0.map"])
         let second = try work!.create(ino: 9)
-        XCTAssertEqual(inode(folder + "/9.data"), used, "the same file, renamed")
+        XCTAssertEqual(inode(folder + "/9.map"), used, "the same file, renamed")
         XCTAssertEqual(try readWork(second, at: 0, count: 10), [])
         let left = try workingCopies(work!)
         XCTAssertEqual(left.map(\.ino), [9])
@@ -538,13 +606,12 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(left.first?.size, 0)
         // A map that says it is another inode's (a spare whose emptying a power cut undid).
         XCTAssertEqual(rename(folder + "/9.map", folder + "/10.map"), 0)
-        XCTAssertEqual(rename(folder + "/9.data", folder + "/10.data"), 0)
         XCTAssertTrue(try workingCopies(work!).isEmpty)
-        // Many at once: the files beyond the pool are deleted.
+        // Many at once: the maps beyond the pool are deleted.
         let many = try (100..<140).map { try work!.create(ino: InodeNumber($0)) }
         for f in many { f.remove() }
         let names = try FileManager.default.contentsOfDirectory(atPath: folder)
-        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") }.count, 2 * SparePairs.kept, "\(names.sorted())")
+        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") }.count, SparePairs.kept, "\(names.sorted())")
         XCTAssertEqual(Set(names.filter { !$0.hasPrefix("spare-") }), ["lock"])
         // The daemon is gone: the next one's recovery finds nothing and removes the folder.
         work = nil
