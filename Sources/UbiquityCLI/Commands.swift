@@ -167,6 +167,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     // Programs this daemon starts (libfuse's fusermount3, which stays with auto_unmount) must not
     // hold the caller's pipe open: the caller would wait for them.
     if let readyFD { _ = fcntl(readyFD, F_SETFD, FD_CLOEXEC) }
+    raiseDescriptorLimit()
     let apps = absolutePath(p.value("--apps") ?? defaultAppsDirectory())
     let tell: (String) -> Void = { line in
         if let readyFD { _ = (line + "\n").withCString { write(readyFD, $0, strlen($0)) } } else { writeError(line) }
@@ -291,6 +292,16 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     }
     log(failures.isEmpty ? "stopped cleanly" : "stopped; \(failures.count) working copies kept for recovery")
     return failures.isEmpty ? ExitCode.success : ExitCode.failure
+}
+
+/// The soft limit of open descriptors up to the hard one: each file being written holds its
+/// working copy's map and up to eight chunk files open, beside 256 cached blob descriptors, and
+/// 1,024 (the usual soft limit) would run out with a hundred or so such files at once.
+private func raiseDescriptorLimit() {
+    var limit = rlimit()
+    guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+    limit.rlim_cur = limit.rlim_max
+    _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
 }
 
 /// glibc keeps what threads free in their own arenas: after a burst on many FUSE workers (1 MiB

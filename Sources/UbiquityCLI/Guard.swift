@@ -11,7 +11,8 @@
 // a daemon that is simply gone leaves an error (ENOTCONN). The guard sees the daemon dying
 // (its main thread a zombie while other threads remain, or SIGKILL pending) for a second and
 // ends the connection through fusectl, as `umount -f` would: the waits return, the daemon
-// finishes exiting, and the mount answers ENOTCONN until it is unmounted.
+// finishes exiting, and the mount answers ENOTCONN until it is unmounted. A stopped (SIGSTOP)
+// or busy daemon is not dying.
 
 import Foundation
 import Glibc
@@ -21,8 +22,23 @@ let guardArgument = "--guard-connection"
 
 /// Starts the guard of the mount whose fusectl connection is `connection` (the N of "0:N").
 /// It holds no descriptor of the daemon's but /proc/PID, which names this very process even
-/// once its pid is reused.
+/// once its pid is reused, and the connection's `abort` file, opened now: the kernel detaches
+/// that file from its connection when the connection ends, so the guard can never end another
+/// mount's that got the number since. fusectl is mounted for it if it is not (root only).
 func startConnectionGuard(connection: String, logPath: String, log: @Sendable (String) -> Void) {
+    let folder = fusectlFolder
+    var mountedHere = false
+    if access("\(folder)/\(connection)/abort", F_OK) != 0 && !isFusectl(folder) && geteuid() == 0 {
+        mountedHere = mount("fusectl", folder, "fusectl", 0, nil) == 0
+    }
+    let abortFD = open("\(folder)/\(connection)/abort", O_WRONLY | O_CLOEXEC)
+    guard abortFD >= 0 else {
+        log("no connection guard: cannot open \(folder)/\(connection)/abort (\(String(cString: strerror(errno)))): "
+            + "a daemon killed while a thread of its own waits on the mount would leave it hung until 'umount -f'")
+        if mountedHere { _ = umount(folder) }
+        return
+    }
+    defer { close(abortFD) }
     let procFD = open("/proc/\(getpid())", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     guard procFD >= 0 else {
         log("no connection guard: cannot open /proc/\(getpid()): \(String(cString: strerror(errno)))")
@@ -36,8 +52,9 @@ func startConnectionGuard(connection: String, logPath: String, log: @Sendable (S
     posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
     posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
     posix_spawn_file_actions_adddup2(&actions, procFD, 3)
+    posix_spawn_file_actions_adddup2(&actions, abortFD, 4)
     // Above all, not /dev/fuse: the guard must never keep the connection open itself.
-    guard let closeFrom = spawnCloseFrom, closeFrom(&actions, 4) == 0 else {
+    guard let closeFrom = spawnCloseFrom, closeFrom(&actions, 5) == 0 else {
         log("no connection guard: this C library cannot close a spawned program's descriptors")
         return
     }
@@ -45,13 +62,18 @@ func startConnectionGuard(connection: String, logPath: String, log: @Sendable (S
     posix_spawnattr_init(&attr)
     defer { posix_spawnattr_destroy(&attr) }
     posix_spawnattr_setflags(&attr, Int16(0x80))  // POSIX_SPAWN_SETSID (glibc): not imported
-    let args = ["ubiquityfs", guardArgument, String(getpid()), connection, logPath]
+    let args = ["ubiquityfs", guardArgument, String(getpid()), connection, logPath, mountedHere ? "unmount-fusectl" : "-"]
     let cargs = args.map { strdup($0) } + [nil]
     defer { cargs.forEach { free($0) } }
     var pid: pid_t = 0
     let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, cargs, environ)
     if rc != 0 { log("no connection guard: cannot start it: \(String(cString: strerror(rc)))") }
 }
+
+private let fusectlFolder = "/sys/fs/fuse/connections"
+
+/// Whether fusectl is mounted on `folder`.
+private func isFusectl(_ folder: String) -> Bool { mountedEntry(at: folder)?.type == "fusectl" }
 
 /// glibc 2.34's posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc does not show.
 private let spawnCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? =
@@ -60,11 +82,20 @@ private let spawnCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_fi
     }
 
 /// The guard's life: watch /proc/PID (descriptor 3) four times a second until the daemon is
-/// gone. Arguments: the daemon's pid (for the log), the connection number, the log file.
+/// gone; descriptor 4 is the connection's abort file. Arguments: the daemon's pid (for the
+/// log), the connection number, the log file, and "unmount-fusectl" if the daemon mounted
+/// fusectl for it.
 func runConnectionGuard(_ args: [String]) -> Int32 {
-    guard args.count == 3, let daemon = pid_t(args[0]), let connection = Int(args[1]) else { return ExitCode.usage }
+    guard args.count == 4, let daemon = pid_t(args[0]), let connection = Int(args[1]) else { return ExitCode.usage }
     _ = chdir("/")
+    // The stop of a service (or a terminal's Ctrl-C) is the daemon's; this leaves on its own.
+    for s in [SIGTERM, SIGINT, SIGHUP] { signal(s, SIG_IGN) }
     let logger = Logger(path: args[2], toStderr: false)
+    defer {
+        close(4)
+        // Detached lazily: another daemon's guard keeps its abort file open and working.
+        if args[3] == "unmount-fusectl" { _ = umount2(fusectlFolder, Int32(MNT_DETACH)) }
+    }
     var dyingSince: Date?
     var abortedAt: Date?
     while true {
@@ -84,13 +115,12 @@ func runConnectionGuard(_ args: [String]) -> Int32 {
             }
         } else if Date().timeIntervalSince(since) >= 1 {
             abortedAt = Date()
-            switch abortConnection(connection) {
-            case nil:
+            if write(4, "1\n", 2) == 2 {
                 logger.write("guard: daemon \(daemon) died with a thread still waiting on its own mount; ended FUSE connection "
                              + "\(connection): programs using the mount get ENOTCONN until it is unmounted")
-            case let problem?:
+            } else if errno != ENOTCONN {   // ENOTCONN: the connection had ended already
                 logger.write("guard: daemon \(daemon) died with a thread still waiting on its own mount, and its FUSE connection "
-                             + "\(connection) cannot be ended (\(problem)): run 'umount -f' on the mount point as root")
+                             + "\(connection) cannot be ended (\(String(cString: strerror(errno)))): run 'umount -f' on the mount point as root")
                 return ExitCode.failure
             }
         }
@@ -121,23 +151,4 @@ private func processState(procFD: Int32) -> (dying: Bool, zombie: Bool, threads:
         }
     }
     return (zombie || killPending, zombie, threads)
-}
-
-/// Writes fusectl's abort file of `connection`, mounting fusectl for it if it is not (and
-/// unmounting it after). nil, or what went wrong.
-private func abortConnection(_ connection: Int) -> String? {
-    let folder = "/sys/fs/fuse/connections"
-    var mountedHere = false
-    if access("\(folder)/\(connection)", F_OK) != 0 {
-        guard mount("fusectl", folder, "fusectl", 0, nil) == 0 else {
-            return "fusectl is not mounted on \(folder) and cannot be: \(String(cString: strerror(errno)))"
-        }
-        mountedHere = true
-    }
-    defer { if mountedHere { _ = umount(folder) } }
-    let fd = open("\(folder)/\(connection)/abort", O_WRONLY | O_CLOEXEC)
-    guard fd >= 0 else { return "\(folder)/\(connection)/abort: \(String(cString: strerror(errno)))" }
-    defer { close(fd) }
-    guard write(fd, "1\n", 2) == 2 else { return "\(folder)/\(connection)/abort: \(String(cString: strerror(errno)))" }
-    return nil
 }

@@ -291,7 +291,9 @@ func serviceUnit(binary: String, mountpoint: String, store: String, apps: String
         # (made by hand, say) is left alone, and the start then fails saying so.
         ExecStartPre=\(unitWord(binary)) unmount --if-dead \(unitWord(mountpoint))
         ExecStart=\(start)
-        # A stop is SIGTERM: the daemon publishes what is pending and unmounts.
+        # A stop is SIGTERM: the daemon publishes what is pending and unmounts. To the daemon
+        # only: its connection guard leaves by itself once the daemon is gone.
+        KillMode=mixed
         TimeoutStopSec=90
         Restart=on-failure
         RestartSec=5

@@ -201,16 +201,9 @@ final class Document: @unchecked Sendable {
             if let handle {
                 if atOpen { truncatedAtOpen.insert(handle) } else { truncatedAtOpen.remove(handle) }
             }
-            if newSize < size {
-                let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
-                if newSize % UInt64(chunkSize) != 0 {
-                    // The chunk that now ends mid-way must not later show its old tail.
-                    try materialize(Int(newSize / UInt64(chunkSize)), fullyOverwritten: false)
-                }
-                dirty = dirty.filter { $0 < keep }
-                if base.count > keep { base.removeSubrange(keep...) }
-                let allocated = allocatedBytes(base)
-                statLock.withLock { baseAllocated = allocated; dirtyCount = dirty.count }
+            if newSize < size && newSize % UInt64(chunkSize) != 0 {
+                // The chunk that now ends mid-way must not later show its old tail.
+                try materialize(Int(newSize / UInt64(chunkSize)), fullyOverwritten: false)
             }
             let created = work == nil
             try ensureWork()
@@ -218,6 +211,14 @@ final class Document: @unchecked Sendable {
                 // Don't leave a fresh, unchanged working copy behind (recovery would find it).
                 if created && dirty.isEmpty { work?.remove(); work = nil }
                 throw error
+            }
+            // Only once the working copy is cut: a failed truncate leaves the content as it was.
+            if newSize < size {
+                let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
+                dirty = dirty.filter { $0 < keep }
+                if base.count > keep { base.removeSubrange(keep...) }
+                let allocated = allocatedBytes(base)
+                statLock.withLock { baseAllocated = allocated; dirtyCount = dirty.count }
             }
             touch(size: newSize)
         }

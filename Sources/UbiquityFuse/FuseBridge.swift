@@ -34,8 +34,9 @@ final class Bridge: @unchecked Sendable {
     let readAheadPending = Atomic<Bool>(false)
 
     /// The kernel queues every request but INIT until it has taken INIT's answer, so the first
-    /// other request finds the read-ahead lowered already; and it comes before any open, which
-    /// is when a file takes the mount's read-ahead.
+    /// other request finds the read-ahead lowered already; and it normally comes before any
+    /// open, which is when a file takes the mount's read-ahead (another worker may answer an
+    /// open meanwhile: that file reads ahead 128 KiB).
     func firstRequestAfterInit() {
         guard readAheadPending.compareExchange(expected: true, desired: false, ordering: .acquiringAndReleasing).exchanged,
               let (file, kib) = readAhead else { return }

@@ -485,8 +485,8 @@ public protocol WorkFile: AnyObject, Sendable {
     func remove()
     /// The file that holds chunk `index` alone, made exactly `length` bytes long (its tail past
     /// what was written reads as zeros), for a blob store to take as the chunk's blob by a name
-    /// of its own (`ChunkAdopting`); nil where chunks do not have files of their own. The file
-    /// is not written again: a working copy is removed once published.
+    /// of its own (`ChunkAdopting`); nil where chunks do not have files of their own. A later
+    /// change to the chunk copies the file first (a published working copy is removed anyway).
     func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String?
 }
 

@@ -9,11 +9,14 @@
 //
 // The logical size is the header's (`setBase`, `truncate`) or the end of the furthest chunk
 // file, whichever is larger: a write past the end extends a chunk file, not the map. A chunk
-// file exists before its dirty mark, so a marked chunk without a file holds zeros (a truncate
-// removed it). Chunk files are never written once published (the working copy is removed then),
-// and never truncated to be reused: they may be blobs too. The copy id keeps a working copy
-// made again for the same inode (a discarded document and a reopened one) from sharing names
-// with the one before.
+// file exists before its dirty mark, so after a crash of the daemon a marked chunk without a
+// file holds zeros (a truncate removed it). A truncate cuts the files, then writes the size: a
+// crash between leaves a copy whose tail is cut before its size says, which recovery keeps as a
+// side version only (a truncate clears the finished mark first). Chunk files are never
+// truncated to be reused, and a file handed to the blob store (`chunkFile`) is copied before
+// any change: it may be a blob too. The copy id keeps a working copy made again for the same
+// inode (a discarded document and a reopened one) from sharing names with the one before.
+// An older daemon that takes over this folder knows no format 3: it deletes such copies.
 
 import Foundation
 #if canImport(Glibc)
@@ -49,6 +52,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// Chunk files written since the last `sync`.
     private var unsynced: Set<Int> = []
     private var open: [Int: ChunkDescriptor] = [:]
+    /// `open`'s keys, least recently used first.
+    private var order: [Int] = []
+    /// Chunk files handed to a blob store (`chunkFile`), or found at recovery, which may be
+    /// blobs too: copied before any change (`writer`).
+    private var lent: Set<Int>
     private var needsDirectorySync: Bool
     private var hasBase: Bool
     /// The size as `setBase` or `truncate` last set it.
@@ -66,6 +74,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.ino = ino; self.folder = folder; self.copyID = copyID
         self.mapFD = mapFD; self.mapPath = mapPath
         self.dirty = dirty; self.files = files
+        self.lent = files
         self.needsDirectorySync = newlyCreated
         self.hasBase = base != nil
         self.headerSize = size
@@ -84,24 +93,111 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         folder + "/" + Self.chunkName(ino: ino, copyID: copyID, index: index)
     }
 
-    /// Chunk `index`'s open file; nil when it has none and `create` is false.
-    private func descriptor(_ index: Int, create: Bool) throws(StoreError) -> ChunkDescriptor? {
-        try mutex.withLock { () throws(StoreError) -> ChunkDescriptor? in
-            if let d = open[index] { return d }
-            let exists = files.contains(index)
-            guard exists || create else { return nil }
-            let p = path(index)
-            let fd = retryEINTR { Glibc.open(p, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (exists ? 0 : O_CREAT), 0o600) }
-            if fd < 0 { throw systemError(exists ? "open" : "create", p, errno) }
-            if !exists {
-                files.insert(index)
-                needsDirectorySync = true
+    /// The cached descriptor of chunk `index`, now the most recently used. Caller holds mutex.
+    private func cached(_ index: Int) -> ChunkDescriptor? {
+        guard let d = open[index] else { return nil }
+        if let i = order.firstIndex(of: index), i != order.count - 1 {
+            order.remove(at: i)
+            order.append(index)
+        }
+        return d
+    }
+
+    /// Caches `d` for chunk `index` (or returns the one another thread cached meanwhile); the
+    /// least recently used goes past `openLimit`. Descriptors are closed after the lock is let go.
+    private func install(_ index: Int, _ d: ChunkDescriptor) -> ChunkDescriptor {
+        var dropped: [ChunkDescriptor] = []
+        let chosen = mutex.withLock { () -> ChunkDescriptor in
+            if let existing = cached(index) { return existing }
+            if open.count >= Self.openLimit, !order.isEmpty, let victim = open.removeValue(forKey: order.removeFirst()) {
+                dropped.append(victim)
             }
-            if open.count >= Self.openLimit, let victim = open.keys.first { open[victim] = nil }
-            let d = ChunkDescriptor(fd)
             open[index] = d
+            order.append(index)
             return d
         }
+        withExtendedLifetime(dropped) {}
+        return chosen
+    }
+
+    /// Forgets chunk `index`'s cached descriptor (its file is about to go or change). Caller
+    /// holds mutex; returns it, for the caller to drop after unlocking.
+    private func uncache(_ index: Int) -> ChunkDescriptor? {
+        if let i = order.firstIndex(of: index) { order.remove(at: i) }
+        return open.removeValue(forKey: index)
+    }
+
+    /// Chunk `index`'s file for reading; nil when it has none.
+    private func reader(_ index: Int) throws(StoreError) -> ChunkDescriptor? {
+        let (d, exists) = mutex.withLock { (cached(index), files.contains(index)) }
+        if let d { return d }
+        guard exists else { return nil }
+        let fd = retryEINTR { Glibc.open(path(index), O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        if fd < 0 { throw systemError("open", path(index), errno) }
+        return install(index, ChunkDescriptor(fd))
+    }
+
+    /// Chunk `index`'s file for a change, made if missing. One that may be a blob too is copied
+    /// to a file of its own first: a blob never changes, even where a publish that adopted it
+    /// failed and its blob name could not be deleted.
+    private func writer(_ index: Int) throws(StoreError) -> ChunkDescriptor {
+        var stale: ChunkDescriptor?
+        let (d, exists, shared) = mutex.withLock { () -> (ChunkDescriptor?, Bool, Bool) in
+            if lent.contains(index) {
+                stale = uncache(index)
+                return (nil, files.contains(index), true)
+            }
+            return (cached(index), files.contains(index), false)
+        }
+        withExtendedLifetime(stale) {}
+        if let d { return d }
+        let p = path(index)
+        if exists {
+            if shared { try copyIfShared(index) }
+            let fd = retryEINTR { Glibc.open(p, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+            if fd < 0 { throw systemError("open", p, errno) }
+            mutex.withLock { _ = lent.remove(index) }
+            return install(index, ChunkDescriptor(fd))
+        }
+        // A new file; one left under this name by an unlink that failed is not this chunk's.
+        var fd = retryEINTR { Glibc.open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        if fd < 0 && errno == EEXIST {
+            _ = retryEINTR { unlink(p) }
+            fd = retryEINTR { Glibc.open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        }
+        if fd < 0 { throw systemError("create", p, errno) }
+        mutex.withLock {
+            files.insert(index)
+            lent.remove(index)
+            needsDirectorySync = true
+        }
+        return install(index, ChunkDescriptor(fd))
+    }
+
+    /// If chunk `index`'s file has another name (a blob's), puts a copy of it in its place.
+    private func copyIfShared(_ index: Int) throws(StoreError) {
+        let p = path(index), temp = p + ".copy"
+        var st = stat()
+        guard lstat(p, &st) == 0 else { throw systemError("stat", p, errno) }
+        guard st.st_nlink > 1 else { return }
+        let source = retryEINTR { Glibc.open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+        if source < 0 { throw systemError("open", p, errno) }
+        defer { close(source) }
+        _ = retryEINTR { unlink(temp) }
+        let target = retryEINTR { Glibc.open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        if target < 0 { throw systemError("create", temp, errno) }
+        defer { close(target) }
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(1, Int(st.st_size)), alignment: 16)
+        defer { buffer.deallocate() }
+        do throws(StoreError) {
+            let n = try preadFully(source, buffer, at: 0, path: p)
+            try pwriteFully(target, UnsafeRawBufferPointer(rebasing: buffer[0..<n]), at: 0, path: temp)
+            if rename(temp, p) != 0 { throw systemError("rename", temp, errno) }
+        } catch {
+            _ = retryEINTR { unlink(temp) }
+            throw error
+        }
+        mutex.withLock { needsDirectorySync = true }
     }
 
     /// Calls `body` for each piece of [offset, offset + count) within one chunk: its index, the
@@ -125,7 +221,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         let count = Int(min(UInt64(buffer.count), size - UInt64(offset)))
         try pieces(offset, count) { (index, within, range) throws(StoreError) -> Bool in
             let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[range])
-            let got = try descriptor(index, create: false).map { (d) throws(StoreError) in
+            let got = try reader(index).map { (d) throws(StoreError) in
                 try preadFully(d.fd, piece, at: within, path: path(index))
             } ?? 0
             if got < piece.count { UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0) }
@@ -138,7 +234,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         guard offset >= 0 else { throw StoreError(errno: EINVAL, "write \(mapPath): negative offset \(offset)") }
         try reserve?.checkRoom(for: "write \(mapPath)")
         try pieces(offset, bytes.count) { (index, within, range) throws(StoreError) -> Bool in
-            let d = try descriptor(index, create: true)!
+            let d = try writer(index)
             try pwriteFully(d.fd, UnsafeRawBufferPointer(rebasing: bytes[range]), at: within, path: path(index))
             mutex.withLock {
                 unsynced.insert(index)
@@ -163,18 +259,22 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// No chunk file holds bytes past `size`: those wholly past go, the one it ends in is cut.
     private func cutFiles(to size: Int) throws(StoreError) {
         let keep = (size + chunkSize - 1) / chunkSize
-        let gone = mutex.withLock { () -> [Int] in
+        var dropped: [ChunkDescriptor] = []
+        let (gone, cut) = mutex.withLock { () -> ([Int], Bool) in
             let gone = Array(files.filter { $0 >= keep })
             for index in gone {
                 files.remove(index)
                 unsynced.remove(index)
-                open[index] = nil
+                lent.remove(index)
+                if let d = uncache(index) { dropped.append(d) }
             }
             dataEnd = min(dataEnd, UInt64(size))
-            return gone
+            return (gone, files.contains(size / chunkSize))
         }
+        dropped = []
         for index in gone { _ = retryEINTR { unlink(path(index)) } }
-        if size % chunkSize != 0, let d = try descriptor(size / chunkSize, create: false) {
+        if size % chunkSize != 0, cut {
+            let d = try writer(size / chunkSize)
             var st = stat()
             guard fstat(d.fd, &st) == 0 else { throw systemError("stat", path(size / chunkSize), errno) }
             if st.st_size > off_t(size % chunkSize) {
@@ -188,7 +288,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         guard index >= 0 else { throw StoreError(errno: EINVAL, "mark \(mapPath): negative chunk index \(index)") }
         if mutex.withLock({ dirty.contains(index) }) { return }
         // The file first: a marked chunk without one reads as zeros.
-        _ = try descriptor(index, create: true)
+        _ = try writer(index)
         try withUnsafeBytes(of: UInt8(1)) { (raw) throws(StoreError) in
             try pwriteFully(mapFD, raw, at: WorkMap.chunkedHeaderSize + index, path: mapPath)
         }
@@ -226,7 +326,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         }
         do throws(StoreError) {
             for index in indexes {
-                guard let d = try descriptor(index, create: false) else { continue }
+                guard let d = try reader(index) else { continue }
                 try fsyncChecked(d.fd, path: path(index))
             }
             try fsyncChecked(mapFD, path: mapPath)
@@ -242,13 +342,19 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
 
     public func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? {
         guard length > 0, length <= chunkSize else { throw StoreError(errno: EINVAL, "chunk \(index) of \(mapPath): \(length) bytes") }
-        let d = try descriptor(index, create: true)!
+        let d = try writer(index)
         var st = stat()
         guard fstat(d.fd, &st) == 0 else { throw systemError("stat", path(index), errno) }
         if st.st_size != off_t(length) {
             if retryEINTR({ ftruncate(d.fd, off_t(length)) }) != 0 { throw systemError("truncate", path(index), errno) }
             mutex.withLock { dataEnd = max(dataEnd, UInt64(index * chunkSize + length)) }
         }
+        // From here the file may be a blob as well: any later change copies it first.
+        let dropped = mutex.withLock { () -> ChunkDescriptor? in
+            lent.insert(index)
+            return uncache(index)
+        }
+        withExtendedLifetime(dropped) {}
         return path(index)
     }
 
@@ -262,10 +368,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 _ = retryEINTR { unlink(mapPath) }
             }
         }
-        let indexes = mutex.withLock { () -> Set<Int> in
-            defer { files = []; unsynced = []; open = [:] }
-            return files
+        let (indexes, dropped) = mutex.withLock { () -> (Set<Int>, [Int: ChunkDescriptor]) in
+            defer { files = []; unsynced = []; open = [:]; order = []; lent = [] }
+            return (files, open)
         }
+        withExtendedLifetime(dropped) {}   // closed here, not under the lock
         // Names of this copy's own (its id is in them); a published chunk lives on as its blob.
         for index in indexes { _ = retryEINTR { unlink(path(index)) } }
     }

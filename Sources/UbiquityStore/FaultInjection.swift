@@ -211,7 +211,8 @@ public final class FaultPlan: @unchecked Sendable {
 /// the wrapped parts (replacing the store's own), so that its commits and syncs meet the faults.
 public func faultInjecting(_ store: BackingStore, plan: FaultPlan) -> BackingStore {
     BackingStore(metadata: FaultInjectingMetadataStore(store.metadata, plan: plan),
-                 blobs: FaultInjectingBlobStore(store.blobs, plan: plan),
+                 blobs: store.blobs is ChunkAdopting ? FaultInjectingAdoptingBlobStore(store.blobs, plan: plan)
+                     : FaultInjectingBlobStore(store.blobs, plan: plan),
                  work: FaultInjectingWorkArea(store.work, plan: plan),
                  locks: FaultInjectingLockTable(store.locks, plan: plan))
 }
@@ -286,7 +287,7 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
     public func reachability() -> StoreReachability? { wrapped.reachability() }
 }
 
-public final class FaultInjectingBlobStore: BlobStore, ChunkAdopting, Sendable {
+public class FaultInjectingBlobStore: BlobStore, @unchecked Sendable {
     public let wrapped: any BlobStore
     public let plan: FaultPlan
 
@@ -298,20 +299,6 @@ public final class FaultInjectingBlobStore: BlobStore, ChunkAdopting, Sendable {
     public func write(_ bytes: UnsafeRawBufferPointer, durable: Bool) throws(StoreError) -> ChunkRef {
         try plan.check(.blobWrite)
         return try wrapped.write(bytes, durable: durable)
-    }
-
-    /// A blob write too; by copy when the wrapped store cannot adopt.
-    public func adopt(_ file: String, length: Int, checksum: UInt64, durable: Bool) throws(StoreError) -> ChunkRef {
-        try plan.check(.blobWrite)
-        if let adopting = wrapped as? ChunkAdopting { return try adopting.adopt(file, length: length, checksum: checksum, durable: durable) }
-        let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
-        if fd < 0 { throw systemError("open", file, errno) }
-        defer { close(fd) }
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: length, alignment: 16)
-        defer { buffer.deallocate() }
-        let n = try preadFully(fd, buffer, at: 0, path: file)
-        guard n == length else { throw StoreError(errno: EIO, "\(file) is \(n) bytes, not \(length)") }
-        return try wrapped.write(UnsafeRawBufferPointer(buffer), durable: durable)
     }
 
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
@@ -341,6 +328,14 @@ public final class FaultInjectingBlobStore: BlobStore, ChunkAdopting, Sendable {
 
     public func allBlobs(writtenBefore cutoff: Int64?) throws(StoreError) -> [BlobID] {
         try wrapped.allBlobs(writtenBefore: cutoff)
+    }
+}
+
+/// The wrapper of a store that adopts chunk files: an adoption is a blob write.
+public final class FaultInjectingAdoptingBlobStore: FaultInjectingBlobStore, ChunkAdopting, @unchecked Sendable {
+    public func adopt(_ file: String, length: Int, checksum: UInt64, durable: Bool) throws(StoreError) -> ChunkRef {
+        try plan.check(.blobWrite)
+        return try (wrapped as! ChunkAdopting).adopt(file, length: length, checksum: checksum, durable: durable)
     }
 }
 

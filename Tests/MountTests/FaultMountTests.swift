@@ -176,6 +176,10 @@ final class FaultMountTests: MountTestCase {
         try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
         try mount(extra: ["--cache-seconds", "600"], at: second)
         let pid = try daemonPID(of: mountPoint)
+        // Stopped is not dying: the guard leaves a daemon stopped for longer than its second alone.
+        kill(pid, SIGSTOP)
+        usleep(2_500_000)
+        kill(pid, SIGCONT)
         XCTAssertEqual(ls(d), [], "the kernel holds the folder, so the other mount's changes in it are replayed here")
         faults("replayAnswer delay 600000")
         eventually("both daemons read the faults") {
