@@ -119,22 +119,7 @@ private func detach(_ p: Parsed) throws -> Int32 {
     guard pipe(&fds) == 0 else { throw FSError(errno, "pipe failed") }
     _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
     _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
-    let args = ["ubiquityfs", "mount", "--ready-fd", "3"] + p.raw
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 3)
-    var attr = posix_spawnattr_t()
-    posix_spawnattr_init(&attr)
-    defer { posix_spawnattr_destroy(&attr) }
-    posix_spawnattr_setflags(&attr, Int16(0x80))  // POSIX_SPAWN_SETSID (glibc): not imported
-    var pid: pid_t = 0
-    let cargs = args.map { strdup($0) } + [nil]
-    defer { cargs.forEach { free($0) } }
-    let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, cargs, environ)
+    let (pid, rc) = spawnDetached(["ubiquityfs", "mount", "--ready-fd", "3"] + p.raw, passing: [fds[1]])
     close(fds[1])
     guard rc == 0 else {
         close(fds[0])
@@ -161,6 +146,37 @@ private func detach(_ p: Parsed) throws -> Int32 {
     if lines.isEmpty { writeError("ubiquityfs mount: the daemon exited before the mount was ready (status \(status))") }
     return ExitCode.failure
 }
+
+/// Starts this binary with `args` in a session of its own, its standard streams on /dev/null
+/// and `passing` as descriptors 3, 4, …; with `closeOthers`, every other descriptor closed
+/// (else only the close-on-exec ones). Returns the pid and posix_spawn's result.
+func spawnDetached(_ args: [String], passing: [Int32], closeOthers: Bool = false) -> (pid_t, Int32) {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+    for (i, fd) in passing.enumerated() { posix_spawn_file_actions_adddup2(&actions, fd, 3 + Int32(i)) }
+    if closeOthers {
+        guard let closeFrom = spawnCloseFrom, closeFrom(&actions, 3 + Int32(passing.count)) == 0 else { return (0, ENOSYS) }
+    }
+    var attr = posix_spawnattr_t()
+    posix_spawnattr_init(&attr)
+    defer { posix_spawnattr_destroy(&attr) }
+    posix_spawnattr_setflags(&attr, Int16(0x80))  // POSIX_SPAWN_SETSID (glibc): not imported
+    var pid: pid_t = 0
+    let cargs = args.map { strdup($0) } + [nil]
+    defer { cargs.forEach { free($0) } }
+    let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, cargs, environ)
+    return (pid, rc)
+}
+
+/// glibc 2.34's posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc does not show.
+private let spawnCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? =
+    dlsym(nil, "posix_spawn_file_actions_addclosefrom_np").map {
+        unsafeBitCast($0, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+    }
 
 /// Run the daemon in this process until unmounted or signalled.
 private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {

@@ -45,28 +45,9 @@ func startConnectionGuard(connection: String, logPath: String, log: @Sendable (S
         return
     }
     defer { close(procFD) }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
-    posix_spawn_file_actions_adddup2(&actions, procFD, 3)
-    posix_spawn_file_actions_adddup2(&actions, abortFD, 4)
-    // Above all, not /dev/fuse: the guard must never keep the connection open itself.
-    guard let closeFrom = spawnCloseFrom, closeFrom(&actions, 5) == 0 else {
-        log("no connection guard: this C library cannot close a spawned program's descriptors")
-        return
-    }
-    var attr = posix_spawnattr_t()
-    posix_spawnattr_init(&attr)
-    defer { posix_spawnattr_destroy(&attr) }
-    posix_spawnattr_setflags(&attr, Int16(0x80))  // POSIX_SPAWN_SETSID (glibc): not imported
+    // Every other descriptor closed: above all /dev/fuse, which the guard must never hold open.
     let args = ["ubiquityfs", guardArgument, String(getpid()), connection, logPath, mountedHere ? "unmount-fusectl" : "-"]
-    let cargs = args.map { strdup($0) } + [nil]
-    defer { cargs.forEach { free($0) } }
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, cargs, environ)
+    let (_, rc) = spawnDetached(args, passing: [procFD, abortFD], closeOthers: true)
     if rc != 0 { log("no connection guard: cannot start it: \(String(cString: strerror(rc)))") }
 }
 
@@ -74,12 +55,6 @@ private let fusectlFolder = "/sys/fs/fuse/connections"
 
 /// Whether fusectl is mounted on `folder`.
 private func isFusectl(_ folder: String) -> Bool { mountedEntry(at: folder)?.type == "fusectl" }
-
-/// glibc 2.34's posix_spawn_file_actions_addclosefrom_np, which Swift's Glibc does not show.
-private let spawnCloseFrom: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32)? =
-    dlsym(nil, "posix_spawn_file_actions_addclosefrom_np").map {
-        unsafeBitCast($0, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
-    }
 
 /// The guard's life: watch /proc/PID (descriptor 3) four times a second until the daemon is
 /// gone; descriptor 4 is the connection's abort file. Arguments: the daemon's pid (for the

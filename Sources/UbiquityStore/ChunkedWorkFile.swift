@@ -307,16 +307,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     }
 
     public func setFinished(mtime: Int64?) throws(StoreError) {
-        if let mtime {
-            // The time first: the flag, written after it, vouches for it.
-            try withUnsafeBytes(of: mtime.littleEndian) { (raw) throws(StoreError) in
-                try pwriteFully(mapFD, raw, at: 48, path: mapPath)
-            }
-        }
-        let flags = (mutex.withLock { hasBase } ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0)
-        try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
-        }
+        try WorkMap.writeFinished(mtime, hasBase: mutex.withLock { hasBase }, mapFD: mapFD, mapPath: mapPath)
     }
 
     public func sync() throws(StoreError) {

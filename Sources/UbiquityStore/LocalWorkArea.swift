@@ -75,6 +75,20 @@ enum WorkMap {
         return out
     }
 
+    /// Writes the finished mark (with the document's modification time), or clears it (nil).
+    static func writeFinished(_ mtime: Int64?, hasBase: Bool, mapFD: Int32, mapPath: String) throws(StoreError) {
+        if let mtime {
+            // The time first: the flag, written after it, vouches for it.
+            try withUnsafeBytes(of: mtime.littleEndian) { (raw) throws(StoreError) in
+                try pwriteFully(mapFD, raw, at: 48, path: mapPath)
+            }
+        }
+        let flags = (hasBase ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0)
+        try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
+            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
+        }
+    }
+
     /// The header of a map file's bytes, or nil when malformed.
     static func parse(_ bytes: [UInt8]) -> Header? {
         let chunked = bytes.count >= chunkedHeaderSize && Array(bytes[0..<8]) == chunkedMagic
@@ -513,16 +527,7 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
 
     public func setFinished(mtime: Int64?) throws(StoreError) {
         guard chunksAt == WorkMap.headerSize else { return }   // an old-format map has no such bit
-        if let mtime {
-            // The time first: the flag, written after it, vouches for it.
-            try withUnsafeBytes(of: mtime.littleEndian) { (raw) throws(StoreError) in
-                try pwriteFully(mapFD, raw, at: 48, path: mapPath)
-            }
-        }
-        let flags = (mutex.withLock { hasBase } ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0)
-        try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
-        }
+        try WorkMap.writeFinished(mtime, hasBase: mutex.withLock { hasBase }, mapFD: mapFD, mapPath: mapPath)
     }
 
     public func sync() throws(StoreError) {
