@@ -368,7 +368,6 @@ final class Document: @unchecked Sendable {
                 let length = min(chunkSize, Int(size) - index * chunkSize)
                 let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<length])
                 do {
-                    let file = adopting == nil ? nil : try work.chunkFile(index, length: length)
                     var got = 0
                     while got < length {
                         let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]), at: index * chunkSize + got)
@@ -381,7 +380,9 @@ final class Document: @unchecked Sendable {
                     let bytes = UnsafeRawBufferPointer(piece)
                     if isAllZero(bytes) {
                         results.set(i, .hole)
-                    } else if let adopting, let file {
+                    } else if let adopting, let file = try work.chunkFile(index, length: length) {
+                        // Asked for after the read (which zero-fills to `length`, as the sizing
+                        // does): a hole needs no file, and the read kept its open descriptor.
                         results.set(i, try adopting.adopt(file, length: length, checksum: contentChecksum(bytes), durable: durable))
                     } else {
                         results.set(i, try blobs.write(bytes, durable: durable))

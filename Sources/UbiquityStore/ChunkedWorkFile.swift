@@ -42,7 +42,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     private let mapPath: String
     private let reserve: SpaceReserve?
     /// Where `remove()` puts the emptied map for reuse (nil: it is deleted).
-    private let spares: SparePairs?
+    private let spares: SpareMaps?
 
     // `mutex` guards everything below. The map's descriptor is immutable and used without it.
     private let mutex = StoreMutex()
@@ -70,7 +70,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
 
     init(ino: InodeNumber, folder: String, copyID: UInt64, mapFD: Int32, mapPath: String, dirty: Set<Int>,
          files: Set<Int>, newlyCreated: Bool, base: VersionID?, size: UInt64, dataEnd: UInt64 = 0, reserve: SpaceReserve?,
-         spares: SparePairs? = nil) {
+         spares: SpareMaps? = nil) {
         self.ino = ino; self.folder = folder; self.copyID = copyID
         self.mapFD = mapFD; self.mapPath = mapPath
         self.dirty = dirty; self.files = files

@@ -24,7 +24,7 @@
 // `leftovers()` returns every valid working copy (a single-file one's size = the data file's
 // length, its dirty chunks those below that size) and removes malformed or unpaired files.
 //
-// A daemon also keeps a few emptied maps for reuse, `spare-<n>.map` (see `SparePairs`);
+// A daemon also keeps a few emptied maps for reuse, `spare-<n>.map` (see `SpareMaps`);
 // recovery removes them with anything else that is not a working copy.
 
 import Foundation
@@ -146,7 +146,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     private let mutex = StoreMutex()
     private var adopted: [(path: String, lock: Int32)] = []
     private var recoveryLock: Int32 = -1   // guarded by mutex
-    private let spares: SparePairs
+    private let spares: SpareMaps
 
     /// Opens (creating if missing) `<directory>/work` and a folder of this daemon's own in it.
     public convenience init(directory: String) throws(StoreError) {
@@ -174,7 +174,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         self.ownLock = fd
         self.storeLock = storeLock
         self.reserve = reserve
-        self.spares = SparePairs(folder: own)
+        self.spares = SpareMaps(folder: own)
     }
 
     deinit {
@@ -226,7 +226,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         return file
     }
 
-    /// The working copies of daemons that are gone: pairs directly in `work/` (the old layout),
+    /// The working copies of daemons that are gone: those directly in `work/` (the old layout),
     /// and those in every `d-*` folder whose lock this daemon can take (it keeps the lock until
     /// `recoveryFinished()`, so no other daemon recovers them too). A live daemon's folder is
     /// left alone.
@@ -361,7 +361,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
                 maps.insert(ino)
             } else if let c = Self.chunkFileName(name) {
                 chunkFiles[c.ino, default: []].append((c.copyID, c.index, name))
-            } else if name != "lock" && !(keepingSpares && name.hasPrefix(SparePairs.prefix)) {
+            } else if name != "lock" && !(keepingSpares && name.hasPrefix(SpareMaps.prefix)) {
                 _ = retryEINTR { unlink(path) }  // not ours
             }
         }
@@ -556,7 +556,7 @@ public final class LocalWorkFile: WorkFile, @unchecked Sendable {
 /// allocation looks past every recently deleted inode of its group: with files made and deleted
 /// at that pace, it took 60% of the daemon's CPU. A rename reuses the inodes instead. (Chunk
 /// files are never reused: a published one lives on as its blob.)
-final class SparePairs: @unchecked Sendable {
+final class SpareMaps: @unchecked Sendable {
     static let prefix = "spare-"
     /// Maps kept at most (more open files than this at once make and delete maps as before).
     static let kept = 16

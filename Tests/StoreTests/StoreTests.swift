@@ -620,7 +620,7 @@ final class EmbeddedStoreTests: XCTestCase {
         let many = try (100..<140).map { try work!.create(ino: InodeNumber($0)) }
         for f in many { f.remove() }
         let names = try FileManager.default.contentsOfDirectory(atPath: folder)
-        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") }.count, SparePairs.kept, "\(names.sorted())")
+        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") }.count, SpareMaps.kept, "\(names.sorted())")
         XCTAssertEqual(Set(names.filter { !$0.hasPrefix("spare-") }), ["lock"])
         // The daemon is gone: the next one's recovery finds nothing and removes the folder.
         work = nil
