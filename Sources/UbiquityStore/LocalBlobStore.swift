@@ -221,6 +221,15 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
                 }
                 return try copying(file, length: length, durable: durable)
             }
+            // Written now, as far as garbage collection goes (it spares blobs younger than its
+            // grace): the chunk file may have been written long before this link.
+            // (<sys/stat.h>'s UTIME_OMIT and UTIME_NOW, which Glibc's module does not show.)
+            var times = [timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2), timespec(tv_sec: 0, tv_nsec: (1 << 30) - 1)]
+            if utimensat(AT_FDCWD, final, &times, AT_SYMLINK_NOFOLLOW) != 0 {
+                let code = errno
+                _ = retryEINTR { unlink(final) }
+                throw systemError("utimensat", final, code)
+            }
             if durable {
                 do throws(StoreError) {
                     let fd = retryEINTR { open(final, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
@@ -369,12 +378,9 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
             for name in (try? fm.contentsOfDirectory(atPath: blobsPath + "/" + folder)) ?? [] {
                 guard name.count == 16, let id = UInt64(name, radix: 16), id != 0 else { continue }
                 if let cutoff {
-                    // The change time too: an adopted chunk file (`adopt`) may have been written
-                    // long before the link that made it a blob, which sets only its ctime.
                     var st = stat()
                     guard lstat(blobsPath + "/" + folder + "/" + name, &st) == 0,
-                          max(Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec),
-                              Int64(st.st_ctim.tv_sec) * 1_000_000_000 + Int64(st.st_ctim.tv_nsec)) < cutoff else { continue }
+                          Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec) < cutoff else { continue }
                 }
                 result.append(id)
             }
