@@ -2,9 +2,11 @@
 //
 // A published version is a list of chunk references (immutable blobs). While a file is open, a
 // Document holds the base version's chunk list and, lazily, a working copy (WorkFile) that holds
-// only the chunks changed since then ("dirty" chunks, copied in on first touch). Reads take each
-// chunk from the working copy if dirty, else from its blob, else zeros (holes, or past a blob's
-// end). So appending to a 1 GiB file copies one chunk, and reading costs a pread.
+// only the chunks changed since then: whole ("dirty" chunks), or, where the working copy can,
+// only the 4 KiB pages a write touched (a write that ends mid-page brings that page of the base
+// in first). Reads take each page from the working copy if it holds it, else from the base's
+// blob, else zeros (holes, or past a blob's end). So a 4 KiB write into a 1 GiB file copies at
+// most two pages, and reading costs a pread. A publish completes such chunks from the base.
 //
 // Publishing writes each dirty chunk as a new blob and then commits one metadata transaction
 // (new version + node) through the filesystem: that commit is the publish point. Until then
@@ -30,6 +32,8 @@ final class Document: @unchecked Sendable {
     private(set) var base: [ChunkRef]
     private var work: (any WorkFile)?
     private var dirty: Set<Int> = []
+    /// Chunks the working copy holds some pages of (the others are the base's); never in `dirty`.
+    private var partial: [Int: PageSet] = [:]
     /// The working copy is marked finished (no handle has changes it has not closed); the next
     /// change unmarks it.
     private var finished = false
@@ -112,6 +116,12 @@ final class Document: @unchecked Sendable {
         ctime = mtime
         work = recovered.file
         dirty = Set(recovered.dirtyChunks)
+        partial = recovered.partialChunks.filter { !dirty.contains($0.key) }
+        if let reach = recovered.baseReach {
+            // A truncate below it cut the base there: past it the copy shows zeros.
+            let kept = Int((reach + UInt64(chunkSize) - 1) / UInt64(chunkSize))
+            if self.base.count > kept { self.base.removeSubrange(kept...) }
+        }
         writeSeq = 1
     }
 
@@ -139,15 +149,49 @@ final class Document: @unchecked Sendable {
 
     /// Caller holds `lock` (read or write).
     private func readPiece(index: Int, within: Int, into piece: UnsafeMutableRawBufferPointer) throws {
-        var got = 0
-        if dirty.contains(index), let work {
-            while got < piece.count {
-                let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]),
-                                       at: index * chunkSize + within + got)
-                if n == 0 { break }
-                got += n
+        if let pages = partial[index], let work {
+            // Runs of pages from the same side: the working copy's, or the base's.
+            var done = 0
+            while done < piece.count {
+                let page = (within + done) / pageSize
+                let mine = pages.contains(page)
+                var end = min(piece.count, (page + 1) * pageSize - within)
+                while end < piece.count && pages.contains((within + end) / pageSize) == mine {
+                    end = min(piece.count, end + pageSize)
+                }
+                let run = UnsafeMutableRawBufferPointer(rebasing: piece[done..<end])
+                if mine {
+                    try readWork(work, at: index * chunkSize + within + done, into: run)
+                } else {
+                    try readBase(index: index, within: within + done, into: run)
+                }
+                done = end
             }
-        } else if index < base.count, !base[index].isHole, within < Int(base[index].length) {
+        } else if dirty.contains(index), let work {
+            try readWork(work, at: index * chunkSize + within, into: piece)
+        } else {
+            try readBase(index: index, within: within, into: piece)
+        }
+    }
+
+    /// The working copy's bytes at `offset`, zeros past its end.
+    private func readWork(_ work: any WorkFile, at offset: Int, into piece: UnsafeMutableRawBufferPointer) throws {
+        var got = 0
+        while got < piece.count {
+            let n = try work.pread(into: UnsafeMutableRawBufferPointer(rebasing: piece[got...]), at: offset + got)
+            if n == 0 { break }
+            got += n
+        }
+        if got < piece.count {
+            UnsafeMutableRawBufferPointer(rebasing: piece[got...]).initializeMemory(as: UInt8.self, repeating: 0)
+        }
+    }
+
+    /// The base version's bytes of chunk `index` from `within`, zeros past its blob's end.
+    /// Caller holds `lock` (read or write).
+    private func readBase(index: Int, within: Int, into piece: UnsafeMutableRawBufferPointer) throws {
+        var got = 0
+        if index < base.count, !base[index].isHole, within < Int(base[index].length) {
             let want = min(piece.count, Int(base[index].length) - within)
             // Reading to the end of a chunk: a sequential reader wants the next ones soon.
             if within + want == Int(base[index].length), let local = store.localChunks {
@@ -184,11 +228,15 @@ final class Document: @unchecked Sendable {
             truncatedAtOpen.remove(handle)
             let start = Int(offset)
             let end = start + bytes.count
+            var paged: [(index: Int, pages: PageSet)] = []
             for index in (start / chunkSize)...((end - 1) / chunkSize) {
-                let covered = start <= index * chunkSize && end >= (index + 1) * chunkSize
-                try materialize(index, fullyOverwritten: covered)
+                let from = max(start, index * chunkSize) - index * chunkSize
+                let to = min(end, (index + 1) * chunkSize) - index * chunkSize
+                if let pages = try bringIn(index, from: from, to: to) { paged.append((index, pages)) }
             }
             try work!.pwrite(bytes, at: start)
+            // The pages are marked once their bytes are written.
+            for (index, pages) in paged { try markPages(index, pages) }
             touch(size: max(size, UInt64(end)))
         }
     }
@@ -216,6 +264,7 @@ final class Document: @unchecked Sendable {
             if newSize < size {
                 let keep = Int((newSize + UInt64(chunkSize) - 1) / UInt64(chunkSize))
                 dirty = dirty.filter { $0 < keep }
+                partial = partial.filter { $0.key < keep }
                 if base.count > keep { base.removeSubrange(keep...) }
                 let allocated = allocatedBytes(base)
                 statLock.withLock { baseAllocated = allocated; dirtyCount = dirty.count }
@@ -319,26 +368,91 @@ final class Document: @unchecked Sendable {
         work = file
     }
 
-    /// Bring chunk `index` into the working copy. Caller holds `lock` for writing.
+    /// How many bytes of chunk `index` the base holds (within the file's size). Caller holds `lock`.
+    private func baseLength(_ index: Int) -> Int {
+        guard index < base.count, !base[index].isHole else { return 0 }
+        return min(Int(base[index].length), max(0, Int(size) - index * chunkSize))
+    }
+
+    /// Ready chunk `index` for a write of [from, to) (offsets in the chunk): whole in the working
+    /// copy, or, where the copy keeps pages and the chunk has base bytes the write leaves, with
+    /// the pages the write ends in brought in from the base. Returns the pages to mark once the
+    /// write is done (nil: the chunk is whole). Caller holds `lock` for writing.
+    private func bringIn(_ index: Int, from: Int, to: Int) throws -> PageSet? {
+        if dirty.contains(index) { return nil }
+        try ensureWork()
+        let length = baseLength(index)
+        if from == 0 && to >= chunkSize || length == 0 || !work!.keepsPages {
+            try materialize(index, fullyOverwritten: from == 0 && to >= chunkSize)
+            return nil
+        }
+        var held = partial[index] ?? PageSet()
+        let touched = PageSet(touching: from, to)
+        // A page the write covers only in part, and which the copy does not hold yet, comes in
+        // first: the rest of it must stay the base's bytes.
+        for page in [from / pageSize, (to - 1) / pageSize] where !held.contains(page) {
+            let pageStart = page * pageSize
+            guard from > pageStart || to < pageStart + pageSize, pageStart < length else { continue }
+            try copyBase(index, pageStart..<min(pageStart + pageSize, length))
+        }
+        held.formUnion(touched)
+        return held
+    }
+
+    /// Record that the working copy holds `pages` of chunk `index`; a chunk held whole is marked
+    /// so. Caller holds `lock` for writing.
+    private func markPages(_ index: Int, _ pages: PageSet) throws {
+        if pages.isFull {
+            try work!.markDirty(index)
+            partial[index] = nil
+            dirty.insert(index)
+            statLock.withLock { dirtyCount = dirty.count }
+            return
+        }
+        if partial[index] == pages { return }
+        try work!.markPages(index, pages)
+        partial[index] = pages
+    }
+
+    /// Copies the base's bytes `range` (offsets in chunk `index`) into the working copy.
+    /// Caller holds `lock` for writing.
+    private func copyBase(_ index: Int, _ range: Range<Int>) throws {
+        guard !range.isEmpty, index < base.count, !base[index].isHole else { return }
+        let ref = base[index]
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: range.count, alignment: 16)
+        defer { buffer.deallocate() }
+        var got = 0
+        while got < range.count {
+            let n = try store.blobs.read(ref.blob, at: range.lowerBound + got, into: UnsafeMutableRawBufferPointer(rebasing: buffer[got...]))
+            if n == 0 { throw StoreError(errno: EIO, "blob \(ref.blob) of inode \(ino) is shorter than recorded") }
+            got += n
+        }
+        try work!.pwrite(UnsafeRawBufferPointer(buffer), at: index * chunkSize + range.lowerBound)
+    }
+
+    /// Bring chunk `index` into the working copy whole: the base's bytes, except the pages the
+    /// copy holds already. Caller holds `lock` for writing.
     private func materialize(_ index: Int, fullyOverwritten: Bool) throws {
         if dirty.contains(index) { return }
         try ensureWork()
-        if !fullyOverwritten, index < base.count, !base[index].isHole {
-            let ref = base[index]
-            let length = min(Int(ref.length), max(0, Int(size) - index * chunkSize))
-            if length > 0 {
-                let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: length, alignment: 16)
-                defer { buffer.deallocate() }
-                var got = 0
-                while got < length {
-                    let n = try store.blobs.read(ref.blob, at: got, into: UnsafeMutableRawBufferPointer(rebasing: buffer[got...]))
-                    if n == 0 { throw StoreError(errno: EIO, "blob \(ref.blob) of inode \(ino) is shorter than recorded") }
-                    got += n
+        let length = baseLength(index)
+        if !fullyOverwritten && length > 0 {
+            if let held = partial[index] {
+                var page = 0
+                while page * pageSize < length {
+                    // Runs of pages the copy lacks, each one read and write.
+                    guard !held.contains(page) else { page += 1; continue }
+                    var end = page + 1
+                    while end * pageSize < length && !held.contains(end) { end += 1 }
+                    try copyBase(index, (page * pageSize)..<min(end * pageSize, length))
+                    page = end
                 }
-                try work!.pwrite(UnsafeRawBufferPointer(buffer), at: index * chunkSize)
+            } else {
+                try copyBase(index, 0..<length)
             }
         }
         try work!.markDirty(index)
+        partial[index] = nil
         dirty.insert(index)
         statLock.withLock { dirtyCount = dirty.count }
     }
@@ -420,7 +534,11 @@ final class Document: @unchecked Sendable {
             return nil
         }
         let chunks: [ChunkRef]
-        do { chunks = try writeChunks(durable: false) } catch {
+        do {
+            // A chunk held in pages is completed from the base first: a blob is a whole chunk.
+            for index in partial.keys.sorted() { try materialize(index, fullyOverwritten: false) }
+            chunks = try writeChunks(durable: false)
+        } catch {
             lock.unlock()
             throw error
         }
@@ -434,6 +552,7 @@ final class Document: @unchecked Sendable {
         baseVersion = id
         base = p.chunks
         dirty = []
+        partial = [:]
         let done = work
         work = nil
         finished = false
@@ -472,6 +591,7 @@ final class Document: @unchecked Sendable {
             work?.remove()
             work = nil
             dirty = []
+            partial = [:]
             finished = false
             closedBy = nil
             statLock.withLock { publishedSeq = writeSeq; dirtyCount = 0 }

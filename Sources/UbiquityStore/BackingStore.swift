@@ -176,6 +176,69 @@ public struct ChangeRecord: Sendable, Equatable {
 /// Content is split into chunks of this size. Chunk `i` covers bytes [i*chunkSize, (i+1)*chunkSize).
 public let chunkSize = 1 << 20
 
+/// A working copy may hold a chunk in pages of this size (`WorkFile.markPages`), so that a small
+/// write into a big file brings in a page of the base version, not its whole chunk.
+public let pageSize = 1 << 12
+
+/// Which pages (`pageSize` bytes each) of one chunk a working copy holds: a 256-bit set.
+public struct PageSet: Sendable, Hashable {
+    public static let count = chunkSize / pageSize
+    private var words: (UInt64, UInt64, UInt64, UInt64) = (0, 0, 0, 0)
+
+    public init() {}
+
+    /// The pages of [start, end), byte offsets within the chunk, that the range touches.
+    public init(touching start: Int, _ end: Int) {
+        guard end > start else { return }
+        for page in (start / pageSize)...((end - 1) / pageSize) { insert(page) }
+    }
+
+    /// From its 32-byte little-endian form (as a map stores it).
+    public init(_ bytes: some Collection<UInt8>) {
+        for (i, byte) in bytes.prefix(Self.count / 8).enumerated() {
+            for bit in 0..<8 where byte & (1 << bit) != 0 { insert(i * 8 + bit) }
+        }
+    }
+
+    /// The 32-byte little-endian form.
+    public var bytes: [UInt8] {
+        (0..<(Self.count / 8)).map { i in
+            (0..<8).reduce(UInt8(0)) { contains(i * 8 + $1) ? $0 | UInt8(1 << $1) : $0 }
+        }
+    }
+
+    private func word(_ i: Int) -> UInt64 {
+        switch i { case 0: words.0; case 1: words.1; case 2: words.2; default: words.3 }
+    }
+
+    private mutating func setWord(_ i: Int, _ value: UInt64) {
+        switch i { case 0: words.0 = value; case 1: words.1 = value; case 2: words.2 = value; default: words.3 = value }
+    }
+
+    public func contains(_ page: Int) -> Bool {
+        page >= 0 && page < Self.count && word(page / 64) & (1 << UInt64(page % 64)) != 0
+    }
+
+    public mutating func insert(_ page: Int) {
+        guard page >= 0 && page < Self.count else { return }
+        setWord(page / 64, word(page / 64) | (1 << UInt64(page % 64)))
+    }
+
+    public mutating func formUnion(_ other: PageSet) {
+        for i in 0..<4 { setWord(i, word(i) | other.word(i)) }
+    }
+
+    public func isSuperset(of other: PageSet) -> Bool {
+        (0..<4).allSatisfy { word($0) & other.word($0) == other.word($0) }
+    }
+
+    public var isEmpty: Bool { (0..<4).allSatisfy { word($0) == 0 } }
+    public var isFull: Bool { (0..<4).allSatisfy { word($0) == .max } }
+
+    public static func == (a: PageSet, b: PageSet) -> Bool { (0..<4).allSatisfy { a.word($0) == b.word($0) } }
+    public func hash(into hasher: inout Hasher) { for i in 0..<4 { hasher.combine(word(i)) } }
+}
+
 public enum NodeKind: UInt8, Sendable, Codable {
     case regular = 1, directory, symlink, fifo, socket, characterDevice, blockDevice
 }
@@ -473,6 +536,13 @@ public protocol WorkFile: AnyObject, Sendable {
     /// Record that chunk `index` now lives in the working copy (persisted in the map, so recovery
     /// knows which chunks to take from here).
     func markDirty(_ index: Int) throws(StoreError)
+    /// Whether the copy can hold a chunk in pages (`markPages`); else a chunk comes in whole.
+    var keepsPages: Bool { get }
+    /// Record that `pages` of chunk `index` (all it holds so far, not just the new ones) now
+    /// live in the working copy, its other pages being the base version's. Written after the
+    /// pages' bytes, so a crash between leaves the base's pages, never unwritten ones. A chunk
+    /// marked dirty is whole, whatever pages were marked before.
+    func markPages(_ index: Int, _ pages: PageSet) throws(StoreError)
     /// Record the base version the dirty chunks apply to, and the logical size.
     func setBase(_ base: VersionID?, size: UInt64) throws(StoreError)
     /// Mark the working copy finished (every writer closed it: a saved document, which recovery
@@ -492,6 +562,10 @@ public protocol WorkFile: AnyObject, Sendable {
 
 public extension WorkFile {
     func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? { nil }
+    var keepsPages: Bool { false }
+    func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
+        throw StoreError(errno: ENOTSUP, "the working copy of inode \(ino) holds whole chunks only")
+    }
 }
 
 /// A blob store on the same file system as the working copies: a working copy's chunk file
@@ -508,6 +582,12 @@ public struct RecoveredWork: Sendable {
     public var base: VersionID?
     public var size: UInt64
     public var dirtyChunks: [Int]
+    /// Chunks the copy holds some pages of (the rest are the base's), not in `dirtyChunks`.
+    public var partialChunks: [Int: PageSet] = [:]
+    /// How much of the base version the copy still shows: its least size since the base was
+    /// set (a truncate below it and a growth again leaves zeros there, not the base's bytes).
+    /// Nil where the copy did not record it (formats before 4).
+    public var baseReach: UInt64?
     public var file: any WorkFile
     /// Its last writer had closed it (`setFinished(true)`) and nothing changed it since.
     public var finished: Bool

@@ -2,10 +2,19 @@
 // no byte twice: a chunk file becomes the chunk's blob by a second name (`ChunkAdopting`), where
 // the single-file format had every dirty chunk read back and written again as a blob.
 //
-//   <ino>.map                 as in LocalWorkArea.swift, magic "UBQWMAP3", and 8 more header
-//                             bytes: 64 u64 the copy's id (random), which names its chunk files
+//   <ino>.map                 as in LocalWorkArea.swift, magic "UBQWMAP4", and more header:
+//                               64  u64 the copy's id (random), which names its chunk files
+//                               72  u64 how much of the base it still shows: its least size
+//                                   since `setBase` (a truncate below, then a growth, shows zeros
+//                                   there, not the base's bytes)
+//                             then from byte 128 a 64-byte slot per chunk: byte 0 its state (1:
+//                             whole in the copy, 2: some pages are, the rest are the base's),
+//                             bytes 32..<64 those pages (`PageSet`, little endian). Format 3
+//                             ("UBQWMAP3", header ending at 72, a state byte per chunk from 72,
+//                             whole chunks only) is still recovered.
 //   <ino>.<copy id>.<index>   chunk `index`'s bytes from the chunk's start; a file shorter than
-//                             the chunk reads as zeros past its end
+//                             the chunk reads as zeros past its end; of a chunk held in pages,
+//                             only those pages mean anything
 //
 // The logical size is the header's (`setBase`, `truncate`) or the end of the furthest chunk
 // file, whichever is larger: a write past the end extends a chunk file, not the map. A chunk
@@ -59,6 +68,10 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     private var lent: Set<Int>
     private var needsDirectorySync: Bool
     private var hasBase: Bool
+    /// Format 4: a slot per chunk, pages, the base's reach. A format-3 copy (recovered) has none.
+    private let paged: Bool
+    /// The least size since `setBase` (format 4).
+    private var baseReach: UInt64
     /// The size as `setBase` or `truncate` last set it.
     private var headerSize: UInt64
     /// The end of the furthest chunk file's bytes (at most: a truncate may have cut it).
@@ -69,8 +82,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     static let openLimit = 8
 
     init(ino: InodeNumber, folder: String, copyID: UInt64, mapFD: Int32, mapPath: String, dirty: Set<Int>,
-         files: Set<Int>, newlyCreated: Bool, base: VersionID?, size: UInt64, dataEnd: UInt64 = 0, reserve: SpaceReserve?,
-         spares: SpareMaps? = nil) {
+         files: Set<Int>, newlyCreated: Bool, base: VersionID?, size: UInt64, dataEnd: UInt64 = 0, paged: Bool,
+         baseReach: UInt64?, reserve: SpaceReserve?, spares: SpareMaps? = nil) {
         self.ino = ino; self.folder = folder; self.copyID = copyID
         self.mapFD = mapFD; self.mapPath = mapPath
         self.dirty = dirty; self.files = files
@@ -78,6 +91,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.needsDirectorySync = newlyCreated
         self.hasBase = base != nil
         self.headerSize = size
+        self.paged = paged
+        self.baseReach = baseReach ?? size
         self.dataEnd = dataEnd
         self.reserve = reserve
         self.spares = spares
@@ -250,10 +265,21 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             try reserve.checkRoom(for: "truncate \(mapPath)")
         }
         try cutFiles(to: size)
+        let reach = mutex.withLock { paged && UInt64(size) < baseReach ? UInt64(size) : nil }
+        if let reach {
+            // Before the size: a crash between leaves a copy that shows less of its base, never
+            // more (the chunks past it hold zeros, as the cut made them).
+            try withUnsafeBytes(of: reach.littleEndian) { (raw) throws(StoreError) in
+                try pwriteFully(mapFD, raw, at: 72, path: mapPath)
+            }
+        }
         try withUnsafeBytes(of: UInt64(size).littleEndian) { (raw) throws(StoreError) in
             try pwriteFully(mapFD, raw, at: 24, path: mapPath)
         }
-        mutex.withLock { headerSize = UInt64(size) }
+        mutex.withLock {
+            headerSize = UInt64(size)
+            if let reach { baseReach = reach }
+        }
     }
 
     /// No chunk file holds bytes past `size`: those wholly past go, the one it ends in is cut.
@@ -289,20 +315,41 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         if mutex.withLock({ dirty.contains(index) }) { return }
         // The file first: a marked chunk without one reads as zeros.
         _ = try writer(index)
-        try withUnsafeBytes(of: UInt8(1)) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: WorkMap.chunkedHeaderSize + index, path: mapPath)
+        try withUnsafeBytes(of: WorkMap.wholeChunk) { (raw) throws(StoreError) in
+            try pwriteFully(mapFD, raw, at: markOffset(index), path: mapPath)
         }
         mutex.withLock { _ = dirty.insert(index) }
     }
 
+    /// Where chunk `index`'s mark is in the map.
+    private func markOffset(_ index: Int) -> Int {
+        paged ? WorkMap.slotsAt + index * WorkMap.slotSize : WorkMap.chunkedHeaderSize + index
+    }
+
+    public var keepsPages: Bool { paged }
+
+    public func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
+        guard index >= 0 else { throw StoreError(errno: EINVAL, "mark \(mapPath): negative chunk index \(index)") }
+        guard paged else { throw StoreError(errno: ENOTSUP, "mark \(mapPath): a format-3 copy holds whole chunks only") }
+        if mutex.withLock({ dirty.contains(index) }) { return }
+        // The whole slot in one write, within one page of the map.
+        var slot = [UInt8](repeating: 0, count: WorkMap.slotSize)
+        slot[0] = WorkMap.someChunkPages
+        slot.replaceSubrange(32..<64, with: pages.bytes)
+        try pwriteFully(mapFD, slot, at: markOffset(index), path: mapPath)
+    }
+
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
         guard size <= UInt64(Int64.max) else { throw StoreError(errno: EFBIG, "set base \(mapPath): size \(size)") }
-        try pwriteFully(mapFD, WorkMap.chunkedHeader(ino: ino, base: base, size: size, boot: currentBootID ?? [], copyID: copyID),
-                        at: 0, path: mapPath)
+        let header = paged
+            ? WorkMap.pagedHeader(ino: ino, base: base, size: size, boot: currentBootID ?? [], copyID: copyID, baseReach: size)
+            : WorkMap.chunkedHeader(ino: ino, base: base, size: size, boot: currentBootID ?? [], copyID: copyID)
+        try pwriteFully(mapFD, header, at: 0, path: mapPath)
         try cutFiles(to: Int(size))
         mutex.withLock {
             hasBase = base != nil
             headerSize = size
+            baseReach = size
         }
     }
 

@@ -421,6 +421,13 @@ public final class FaultInjectingWorkFile: WorkFile, Sendable {
         try wrapped.markDirty(index)
     }
 
+    public var keepsPages: Bool { wrapped.keepsPages }
+
+    public func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
+        try plan.check(.workMarkDirty)
+        try wrapped.markPages(index, pages)
+    }
+
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
         try plan.check(.workSetBase)
         try wrapped.setBase(base, size: size)

@@ -18,8 +18,8 @@
 //               Maps of the earlier 32-byte format ("UBQWMAP1": no finished bit, no boot id)
 //               are still read; such a copy counts as neither finished nor intact.
 //
-// That single-file format is what daemons made before chunked working copies (map format 3,
-// ChunkedWorkFile.swift), which `create` makes now; both are recovered.
+// That single-file format is what daemons made before chunked working copies (map formats 3
+// and 4, ChunkedWorkFile.swift); `create` makes format 4 now; all are recovered.
 //
 // `leftovers()` returns every valid working copy (a single-file one's size = the data file's
 // length, its dirty chunks those below that size) and removes malformed or unpaired files.
@@ -35,11 +35,22 @@ import Glibc
 enum WorkMap {
     static let magic: [UInt8] = Array("UBQWMAP2".utf8)
     static let oldMagic: [UInt8] = Array("UBQWMAP1".utf8)
-    /// Chunks in files of their own (ChunkedWorkFile.swift), what `create` makes.
+    /// Chunks in files of their own (ChunkedWorkFile.swift), one byte per chunk.
     static let chunkedMagic: [UInt8] = Array("UBQWMAP3".utf8)
+    /// Chunks in files of their own, a slot per chunk with its pages: what `create` makes.
+    static let pagedMagic: [UInt8] = Array("UBQWMAP4".utf8)
     static let headerSize = 64
     static let oldHeaderSize = 32
     static let chunkedHeaderSize = 72
+    static let pagedHeaderSize = 80
+    /// Where a format-4 map's slots start, and their size: a slot never spans two pages of the
+    /// map, so its one write lands whole or not at all.
+    static let slotsAt = 128
+    static let slotSize = 64
+    /// A slot's state byte: the chunk is whole in the copy, or some of its pages are (the
+    /// page set at byte 32 of the slot says which).
+    static let wholeChunk: UInt8 = 1
+    static let someChunkPages: UInt8 = 2
     static let hasBase: UInt64 = 1
     static let finished: UInt64 = 2
 
@@ -56,13 +67,28 @@ enum WorkMap {
         var chunksAt = WorkMap.headerSize
         /// A chunked copy's id, which names its chunk files; nil for the single-file formats.
         var copyID: UInt64?
+        /// Bytes per chunk in the marks: 1 (a dirty byte), or a format-4 slot.
+        var slotSize = 1
+        /// Format 4: how much of the base the copy still shows (`RecoveredWork.baseReach`).
+        var baseReach: UInt64?
     }
 
+    /// A format-3 header: the format-2 fields and the copy id at 64 (for copies recovered in it).
     static func chunkedHeader(ino: InodeNumber, base: VersionID?, size: UInt64, boot: [UInt8], copyID: UInt64) -> [UInt8] {
         var out = chunkedMagic + header(ino: ino, base: base, size: size, boot: boot).dropFirst(8)
         withUnsafeBytes(of: copyID.littleEndian) { out.append(contentsOf: $0) }
         return out
     }
+
+    /// A format-4 header: the format-2 fields, the copy id at 64, the base's reach at 72.
+    static func pagedHeader(ino: InodeNumber, base: VersionID?, size: UInt64, boot: [UInt8], copyID: UInt64,
+                            baseReach: UInt64) -> [UInt8] {
+        var out = pagedMagic + header(ino: ino, base: base, size: size, boot: boot).dropFirst(8)
+        withUnsafeBytes(of: copyID.littleEndian) { out.append(contentsOf: $0) }
+        withUnsafeBytes(of: baseReach.littleEndian) { out.append(contentsOf: $0) }
+        return out
+    }
+
 
     static func header(ino: InodeNumber, base: VersionID?, size: UInt64, boot: [UInt8]) -> [UInt8] {
         var out = magic
@@ -91,7 +117,8 @@ enum WorkMap {
 
     /// The header of a map file's bytes, or nil when malformed.
     static func parse(_ bytes: [UInt8]) -> Header? {
-        let chunked = bytes.count >= chunkedHeaderSize && Array(bytes[0..<8]) == chunkedMagic
+        let paged = bytes.count >= pagedHeaderSize && Array(bytes[0..<8]) == pagedMagic
+        let chunked = paged || (bytes.count >= chunkedHeaderSize && Array(bytes[0..<8]) == chunkedMagic)
         let current = chunked || (bytes.count >= headerSize && Array(bytes[0..<8]) == magic)
         let old = bytes.count >= oldHeaderSize && Array(bytes[0..<8]) == oldMagic
         guard current || old else { return nil }
@@ -103,9 +130,11 @@ enum WorkMap {
             let mtime = current ? Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 48, as: Int64.self)) : 0
             let ino = current ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 56, as: UInt64.self)) : 0
             let copyID = chunked ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 64, as: UInt64.self)) : nil
+            let reach = paged ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 72, as: UInt64.self)) : nil
             return Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
                           finishedMtime: mtime, boot: current ? Array(bytes[32..<48]) : [], ino: ino,
-                          chunksAt: chunked ? chunkedHeaderSize : current ? headerSize : oldHeaderSize, copyID: copyID)
+                          chunksAt: paged ? slotsAt : chunked ? chunkedHeaderSize : current ? headerSize : oldHeaderSize,
+                          copyID: copyID, slotSize: paged ? slotSize : 1, baseReach: reach)
         }
     }
 }
@@ -215,9 +244,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         var copyID: UInt64 = 0
         while copyID == 0 { copyID = UInt64.random(in: 1...UInt64.max) }
         let file = ChunkedWorkFile(ino: ino, folder: workPath, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: [],
-                                   files: [], newlyCreated: true, base: nil, size: 0, reserve: reserve, spares: spares)
+                                   files: [], newlyCreated: true, base: nil, size: 0, paged: true, baseReach: 0,
+                                   reserve: reserve, spares: spares)
         do throws(StoreError) {
-            try pwriteFully(mapFD, WorkMap.chunkedHeader(ino: ino, base: nil, size: 0, boot: currentBootID ?? [], copyID: copyID),
+            try pwriteFully(mapFD, WorkMap.pagedHeader(ino: ino, base: nil, size: 0, boot: currentBootID ?? [], copyID: copyID,
+                                                       baseReach: 0),
                             at: 0, path: map)
         } catch {
             file.remove()
@@ -399,10 +430,13 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         guard n == bytes.count, let header = WorkMap.parse(bytes), header.ino == 0 || header.ino == ino else {
             close(mapFD); return nil
         }
-        func dirtyBelow(_ size: UInt64) -> [Int] {
+        /// The chunks below `size` whose mark is `state`.
+        func marked(_ state: UInt8, below size: UInt64) -> [Int] {
             let chunks = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
-            return (0..<min(chunks, max(0, bytes.count - header.chunksAt))).filter { bytes[header.chunksAt + $0] == 1 }
+            let recorded = max(0, bytes.count - header.chunksAt + header.slotSize - 1) / header.slotSize
+            return (0..<min(chunks, recorded)).filter { bytes[header.chunksAt + $0 * header.slotSize] == state }
         }
+        func dirtyBelow(_ size: UInt64) -> [Int] { marked(WorkMap.wholeChunk, below: size) }
         let intact = currentBootID != nil && header.boot == currentBootID
         guard let copyID = header.copyID else {
             guard hasData else { close(mapFD); return nil }
@@ -421,11 +455,22 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         let size = max(header.size, dataEnd)
         let dirty = dirtyBelow(size)
+        var partial: [Int: PageSet] = [:]
+        if header.slotSize == WorkMap.slotSize {
+            for index in marked(WorkMap.someChunkPages, below: size) {
+                let at = header.chunksAt + index * header.slotSize + 32
+                let pages = PageSet(bytes[at..<min(bytes.count, at + 32)])
+                if !pages.isEmpty { partial[index] = pages }
+            }
+        }
         let file = ChunkedWorkFile(ino: ino, folder: folder, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: Set(dirty),
                                    files: files, newlyCreated: false, base: header.base, size: header.size, dataEnd: dataEnd,
-                                   reserve: reserve)
-        return RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
-                             finished: header.finished, intact: intact, modified: header.finished ? header.finishedMtime : newest)
+                                   paged: header.slotSize == WorkMap.slotSize, baseReach: header.baseReach, reserve: reserve)
+        var work = RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
+                                 finished: header.finished, intact: intact, modified: header.finished ? header.finishedMtime : newest)
+        work.partialChunks = partial
+        work.baseReach = header.baseReach
+        return work
     }
 
     /// A single-file working copy (map formats 1 and 2, from before chunked copies).

@@ -344,8 +344,11 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
         let all = mutex.withLock { files.values.sorted { $0.ino < $1.ino } }
         return all.map { file in
             let info = file.recoveryInfo()
-            return RecoveredWork(ino: file.ino, base: info.base, size: info.size, dirtyChunks: info.dirty, file: file,
-                                 finished: info.finished, intact: info.intact, modified: info.modified)
+            var work = RecoveredWork(ino: file.ino, base: info.base, size: info.size, dirtyChunks: info.dirty, file: file,
+                                     finished: info.finished, intact: info.intact, modified: info.modified)
+            work.partialChunks = info.partial
+            work.baseReach = info.baseReach
+            return work
         }
     }
 
@@ -373,6 +376,8 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         var size = 0
         var base: VersionID?
         var dirty: Set<Int> = []
+        var partial: [Int: PageSet] = [:]
+        var baseReach: UInt64 = 0
         var finished = false
         var finishedMtime: Int64?
         var modified: Int64 = 0
@@ -403,11 +408,12 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         }
     }
 
-    fileprivate func recoveryInfo() -> (base: VersionID?, size: UInt64, dirty: [Int], finished: Bool, intact: Bool,
-                                        modified: Int64) {
+    fileprivate func recoveryInfo() -> (base: VersionID?, size: UInt64, dirty: [Int], partial: [Int: PageSet], baseReach: UInt64,
+                                        finished: Bool, intact: Bool, modified: Int64) {
         mutex.withLock {
             let chunks = (content.size + chunkSize - 1) / chunkSize
             return (content.base, UInt64(content.size), content.dirty.filter { $0 < chunks }.sorted(),
+                    content.partial.filter { $0.key < chunks }, content.baseReach,
                     content.finished, intact, content.finishedMtime ?? content.modified)
         }
     }
@@ -479,19 +485,31 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         guard size >= 0 else { throw StoreError(errno: EINVAL, "truncate work file \(ino): negative size") }
         mutex.withLock {
             resize(size)
+            content.baseReach = min(content.baseReach, UInt64(size))
             touched()
         }
     }
 
     public func markDirty(_ index: Int) throws(StoreError) {
         guard index >= 0 else { throw StoreError(errno: EINVAL, "mark work file \(ino): negative chunk index") }
-        mutex.withLock { _ = content.dirty.insert(index) }
+        mutex.withLock {
+            content.dirty.insert(index)
+            content.partial[index] = nil
+        }
+    }
+
+    public var keepsPages: Bool { true }
+
+    public func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
+        guard index >= 0 else { throw StoreError(errno: EINVAL, "mark work file \(ino): negative chunk index") }
+        mutex.withLock { if !content.dirty.contains(index) { content.partial[index] = pages } }
     }
 
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
         guard size <= UInt64(Int64.max) else { throw StoreError(errno: EFBIG, "set base of work file \(ino): size \(size)") }
         mutex.withLock {
             content.base = base
+            content.baseReach = size
             content.finished = false
             content.finishedMtime = nil
             resize(Int(size))

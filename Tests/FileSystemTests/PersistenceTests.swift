@@ -206,6 +206,135 @@ final class PersistenceTests: XCTestCase {
         assertBytes(try openFS(store).contents(ino), expected)
     }
 
+    /// Sessions over one store: the same memory store each time, or the embedded store reopened
+    /// from its folder (a session that ends without publishing is a crash of the daemon).
+    private func sessions(embedded: Bool) -> (BackingStore?, (Bool, (UbiquityFileSystem, BackingStore) throws -> Void) throws -> Void) {
+        if embedded {
+            let directory = embeddedDirectory()
+            return (nil, { publish, body in try self.embeddedSession(directory, publish: publish, body) })
+        }
+        let store = makeMemoryStore()
+        return (store, { publish, body in
+            let fs = try self.openFS(store)
+            try body(fs, store)
+            if publish { XCTAssertTrue(fs.publishAll().isEmpty) }
+        })
+    }
+
+    /// The bytes the working copies of `store` hold on disk (embedded store), or the pages its
+    /// copies hold (memory store).
+    private func workBytes(_ store: BackingStore) throws -> Int {
+        if let area = store.work as? LocalWorkArea {
+            var total = 0
+            for name in try FileManager.default.contentsOfDirectory(atPath: area.workPath) where !name.hasSuffix(".map") && name != "lock" {
+                var st = stat()
+                XCTAssertEqual(lstat(area.workPath + "/" + name, &st), 0)
+                total += Int(st.st_blocks) * 512
+            }
+            return total
+        }
+        return try store.work.leftovers().reduce(0) { sum, w in
+            sum + w.dirtyChunks.count * chunkSize
+                + w.partialChunks.values.reduce(0) { n, pages in n + (0..<PageSet.count).filter(pages.contains).count * pageSize }
+        }
+    }
+
+    /// A small write into a big file brings in the pages it ends in, not its whole chunk: reads
+    /// merge those pages with the base, a crash recovers them over the base, and the publish
+    /// completes the chunk from the base (one new blob).
+    func testSmallWritesIntoABigFileBringInPagesNotChunks() throws {
+        for embedded in [false, true] {
+            let (_, session) = sessions(embedded: embedded)
+            let base = pattern(3 * chunkSize + 5000, seed: 9)
+            var ino: UInt64 = 0
+            var expected = base
+            let writes: [(offset: Int, bytes: [UInt8])] = [
+                (2 * chunkSize + 4090, b("0123456789")),             // ends in two pages, both partly
+                (chunkSize + 8192, pattern(pageSize, seed: 3)),      // one whole page: nothing to bring in
+                (3 * chunkSize + 4999, b("end")),                     // the last, short chunk, past its end
+            ]
+            for w in writes {
+                if expected.count < w.offset + w.bytes.count { expected += [UInt8](repeating: 0, count: w.offset + w.bytes.count - expected.count) }
+                expected.replaceSubrange(w.offset..<(w.offset + w.bytes.count), with: w.bytes)
+            }
+            try session(true) { fs, _ in ino = try fs.makeFile(try fs.ino("SugoiApp"), "big.bin", base) }
+            try session(false) { fs, store in
+                let h = try fs.open(ino, flags: O_RDWR)
+                for w in writes { try fs.put(h, w.bytes, at: UInt64(w.offset)) }
+                assertBytes(try fs.get(h, at: 0, count: expected.count), expected, "read back while open")
+                assertBytes(try fs.get(h, at: UInt64(2 * chunkSize + 4000), count: 200),
+                            Array(expected[(2 * chunkSize + 4000)..<(2 * chunkSize + 4200)]), "a read across held and base pages")
+                XCTAssertLessThanOrEqual(try workBytes(store), 6 * pageSize, "pages, not chunks (embedded: \(embedded))")
+                if !embedded {
+                    let left = try XCTUnwrap(store.work.leftovers().first)
+                    XCTAssertEqual(left.dirtyChunks, [])
+                    XCTAssertEqual(left.partialChunks, [1: PageSet(touching: 8192, 8192 + pageSize),
+                                                        2: PageSet(touching: 4090, 4100), 3: PageSet(touching: 4999, 5002)])
+                }
+                // killed: no release
+            }
+            try session(true) { fs, store in
+                assertBytes(try fs.contents(ino), base, "the current version is untouched")
+                let versions = try store.metadata.versions(of: ino)
+                XCTAssertEqual(versions.map(\.origin), [.published, .recovered])
+                assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), expected, "recovered over the base")
+                // Published at the release: each touched chunk is whole again, the rest shared.
+                let h = try fs.open(ino, flags: O_RDWR)
+                for w in writes { try fs.put(h, w.bytes, at: UInt64(w.offset)) }
+                try fs.release(handle: h)
+                let all = try store.metadata.versions(of: ino)
+                let (first, last) = (try XCTUnwrap(all.first), try XCTUnwrap(all.last))
+                XCTAssertEqual(last.origin, .published)
+                let changed = zip(first.chunks, last.chunks).enumerated().filter { $0.element.0 != $0.element.1 }.map(\.offset)
+                XCTAssertEqual(changed, [1, 2, 3])
+                XCTAssertEqual(last.chunks.map(\.length), [UInt32(chunkSize), UInt32(chunkSize), UInt32(chunkSize), 5002])
+                assertBytes(try fs.contents(ino), expected)
+            }
+        }
+    }
+
+    /// Truncates of a file whose working copy holds pages: a cut in a chunk held in pages keeps
+    /// the held pages before it and the base's bytes between them; a cut at a chunk's start and
+    /// a growth again show zeros, not the base's bytes, whether the copy is published or
+    /// recovered after a crash.
+    func testTruncatesOfAFileHeldInPages() throws {
+        for embedded in [false, true] {
+            for crash in [false, true] {
+                let (_, session) = sessions(embedded: embedded)
+                let base = pattern(3 * chunkSize + 100, seed: 12)
+                var ino: UInt64 = 0
+                try session(true) { fs, _ in ino = try fs.makeFile(try fs.ino("SugoiApp"), "t.bin", base) }
+                var expected = base
+                try session(!crash) { fs, _ in
+                    let h = try fs.open(ino, flags: O_RDWR)
+                    try fs.put(h, b("held"), at: UInt64(chunkSize + 10))
+                    try fs.put(h, b("more"), at: UInt64(2 * chunkSize + 9000))
+                    expected.replaceSubrange((chunkSize + 10)..<(chunkSize + 14), with: b("held"))
+                    _ = try fs.setattr(ino, AttributeChanges(size: UInt64(chunkSize + 12)), handle: h, caller: owner)
+                    _ = try fs.setattr(ino, AttributeChanges(size: UInt64(2 * chunkSize)), handle: h, caller: owner)
+                    expected = Array(expected[0..<(chunkSize + 12)]) + [UInt8](repeating: 0, count: chunkSize - 12)
+                    try fs.put(h, b("tail"), at: UInt64(chunkSize - 2))
+                    expected.replaceSubrange((chunkSize - 2)..<(chunkSize + 2), with: b("tail"))
+                    _ = try fs.setattr(ino, AttributeChanges(size: UInt64(chunkSize)), handle: h, caller: owner)
+                    _ = try fs.setattr(ino, AttributeChanges(size: UInt64(3 * chunkSize)), handle: h, caller: owner)
+                    expected = Array(expected[0..<chunkSize]) + [UInt8](repeating: 0, count: 2 * chunkSize)
+                    assertBytes(try fs.get(h, at: 0, count: 3 * chunkSize), expected, "while open")
+                    if !crash { try fs.release(handle: h) }
+                }
+                try session(true) { fs, store in
+                    let versions = try store.metadata.versions(of: ino)
+                    if crash {
+                        XCTAssertEqual(versions.map(\.origin), [.published, .recovered])
+                        assertBytes(try fs.contents(ino), base)
+                        assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), expected, "recovered (embedded: \(embedded))")
+                    } else {
+                        assertBytes(try fs.contents(ino), expected, "published (embedded: \(embedded))")
+                    }
+                }
+            }
+        }
+    }
+
     // MARK: fsync and power cuts
 
     private func powerCut(_ store: BackingStore) throws {
