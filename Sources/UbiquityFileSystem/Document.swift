@@ -43,6 +43,9 @@ final class Document: @unchecked Sendable {
     /// change through the same handle (one descriptor shared by several processes, as in
     /// `{ a; b; } > out` or `make > log`) only clears the mark, so they don't publish at each exit.
     private var closedBy: UInt64?
+    /// An fsync made the working copy durable (and marked it so): a crash leaves it as the
+    /// file's content. A truncate publishes it first (see `truncate`), and so is its publish durable.
+    private var syncedMark = false
     /// Handles that changed the file since their last flush (close). Finished means none.
     private var unflushed: Set<UInt64> = []
     /// Handles opened with O_TRUNC that have written nothing yet. A close of one of their
@@ -117,6 +120,7 @@ final class Document: @unchecked Sendable {
         work = recovered.file
         dirty = Set(recovered.dirtyChunks)
         partial = recovered.partialChunks.filter { !dirty.contains($0.key) }
+        syncedMark = recovered.synced
         if let reach = recovered.baseReach {
             // A truncate below it cut the base there: past it the copy shows zeros.
             let kept = Int((reach + UInt64(chunkSize) - 1) / UInt64(chunkSize))
@@ -245,6 +249,10 @@ final class Document: @unchecked Sendable {
     /// the open that made `handle`.
     func truncate(to newSize: UInt64, handle: UInt64?, atOpen: Bool = false) throws {
         try lock.write {
+            // What an fsync made durable becomes a version before a truncate can take it: the
+            // program's later writes only add to it, as a crash would show them, but a cut may
+            // start a new content that a crash would leave half made.
+            if syncedMark { throw ClosedContentFirst() }
             try unfinish(by: handle)
             if let handle {
                 if atOpen { truncatedAtOpen.insert(handle) } else { truncatedAtOpen.remove(handle) }
@@ -331,14 +339,36 @@ final class Document: @unchecked Sendable {
     }
 
     /// A change came through another handle than the one whose close left the working copy's
-    /// content: publish that content, then try the change again.
+    /// content, or would cut content an fsync made durable: publish that content, then try the
+    /// change again.
     struct ClosedContentFirst: Error {}
+
+    /// fsync without a publish: the working copy is made durable where it is and marked so, so
+    /// that a crash of the daemon or the machine leaves it as the file's content (what came after
+    /// the fsync too, as a file system shows a file after a crash). False when there is nothing
+    /// unpublished or the copy cannot carry the mark: the caller publishes durably instead.
+    func syncWorkingCopy() throws -> Bool {
+        try lock.write {
+            guard let work, stat().unpublished else { return false }
+            if !syncedMark {
+                guard try work.markSynced() else { return false }
+                syncedMark = true
+            }
+            try work.sync()
+            return true
+        }
+    }
 
     /// Let a change overwrite the closed content: it will never be published (`nameless`: the
     /// file has no name left), or it is published already. Decided under the lock, so a close
     /// that marked new content since the caller looked keeps its mark.
     func dropClosedContent(nameless: Bool) {
-        lock.write { if nameless || !stat().unpublished { closedBy = nil } }
+        lock.write {
+            if nameless || !stat().unpublished {
+                closedBy = nil
+                syncedMark = false
+            }
+        }
     }
 
     /// Caller holds `lock` for writing.
@@ -543,7 +573,8 @@ final class Document: @unchecked Sendable {
             throw error
         }
         let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
-        return Publication(doc: self, chunks: chunks, size: st.size, mtime: st.mtime, ctime: st.ctime, written: written)
+        return Publication(doc: self, chunks: chunks, size: st.size, mtime: st.mtime, ctime: st.ctime, written: written,
+                           synced: syncedMark)
     }
 
     /// The version `p` is now committed as `id`: it is this document's base. Caller holds the
@@ -556,6 +587,7 @@ final class Document: @unchecked Sendable {
         let done = work
         work = nil
         finished = false
+        syncedMark = false
         closedBy = nil
         let allocated = allocatedBytes(p.chunks)
         statLock.withLock { publishedSeq = writeSeq; baseAllocated = allocated; dirtyCount = 0 }
@@ -593,6 +625,7 @@ final class Document: @unchecked Sendable {
             dirty = []
             partial = [:]
             finished = false
+            syncedMark = false
             closedBy = nil
             statLock.withLock { publishedSeq = writeSeq; dirtyCount = 0 }
         }
@@ -629,10 +662,14 @@ struct Publication: ~Copyable {
     let size: UInt64
     let mtime: Int64
     let ctime: Int64
+    /// The working copy was fsync'd: its publish must be durable before the copy goes.
+    let synced: Bool
     fileprivate let written: Set<BlobID>
     private var finished = false
 
-    fileprivate init(doc: Document, chunks: [ChunkRef], size: UInt64, mtime: Int64, ctime: Int64, written: Set<BlobID>) {
+    fileprivate init(doc: Document, chunks: [ChunkRef], size: UInt64, mtime: Int64, ctime: Int64, written: Set<BlobID>,
+                     synced: Bool) {
+        self.synced = synced
         self.doc = doc
         self.chunks = chunks
         self.size = size

@@ -182,14 +182,23 @@ extension UbiquityFileSystem {
         }
     }
 
-    /// fsync: publish the working copy durably, so the data survives a crash as the current version.
+    /// fsync: the data survives a crash as the file's content. Where chunks are all on this
+    /// machine, the working copy is made durable where it is (its changed pages and its map, then
+    /// the store's barrier for the names and base content it relies on), and published later as
+    /// any other (close, idle time): no version per fsync, no chunk rewritten for a 4 KiB write.
+    /// Where they live elsewhere (a shared store), it is published durably, so what an fsync
+    /// promised is on the servers.
     public func fsync(handle: UInt64, dataOnly: Bool) throws(FSError) {
         try typed {
             if trashHandleNode(handle) != nil { return }
             let (doc, _) = try fileDocument(handle)
             do {
                 if doc.hasUnpublishedChanges {
-                    try publish(doc, durable: true)
+                    if !store.fsyncPublishes, try doc.syncWorkingCopy() {
+                        try store.durability.sync()
+                    } else {
+                        try publish(doc, durable: true)
+                    }
                 } else {
                     try store.durability.sync()
                 }

@@ -17,9 +17,14 @@ extension UbiquityFileSystem {
         // last name goes while this publish runs, the commit below adds nothing and the
         // unfinished publication deletes the chunks it wrote.
         if isNameless(doc.ino) { return }
-        let sync: (() throws -> Void)? = durable ? { try self.store.durability.sync() } : nil
+        let barrier = { try self.store.durability.sync() }
         // Published meanwhile (an idle publish, without a barrier): the barrier is still owed.
-        guard let p = try doc.preparePublish() else { try sync?(); return }
+        guard let p = try doc.preparePublish() else {
+            if durable { try barrier() }
+            return
+        }
+        // What an fsync made durable in the working copy stays durable as a version.
+        let sync: (() throws -> Void)? = durable || p.synced ? barrier : nil
         let (chunks, size, mtime, ctime) = (p.chunks, p.size, p.mtime, p.ctime)
         let committed = try mutate { s -> (VersionID, Conflict?)? in
             guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }

@@ -65,10 +65,10 @@ extension UbiquityFileSystem {
     }
 
     /// Working copies a daemon that died left unpublished. One whose last writer had closed it is
-    /// a finished document: it is published as the daemon would have published it (current, or
-    /// a conflict if its base is no longer current). Any other (still open at the crash,
-    /// possibly torn by a power cut) is kept as a `recovered` version beside the current one,
-    /// for the user to restore.
+    /// a finished document, and one an fsync made durable holds what the program asked to keep:
+    /// either is published as the daemon would have published it (current, or a conflict if its
+    /// base is no longer current). Any other (still open at the crash, possibly torn by a power
+    /// cut) is kept as a `recovered` version beside the current one, for the user to restore.
     func recoverWorkingCopies() throws {
         // Started from this machine's copy of a shared store's namespace: a file made just
         // before a crash may be missing from it, so its working copy waits for the servers'
@@ -85,7 +85,7 @@ extension UbiquityFileSystem {
             let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
                                mtime: leftover.finished ? leftover.modified : max(node.mtime, leftover.modified),
                                store: store)
-            if leftover.finished && leftover.intact {
+            if (leftover.finished && leftover.intact) || leftover.synced {
                 // Durable, as every publish below: the working copy is deleted once this commits.
                 // On a base that is no longer current it is a conflict, like any other publish.
                 try publish(doc, durable: true)
@@ -96,9 +96,10 @@ extension UbiquityFileSystem {
                     pendingInvalidations.append(.node(node.ino))
                     pendingRebases.insert(node.ino)
                 }
+                let why = leftover.synced ? "fsync'ed" : "closed"
                 log(leftover.base == node.currentVersion
-                    ? "published inode \(node.ino), closed before the daemon stopped, as its current version"
-                    : "inode \(node.ino), closed before the daemon stopped, was edited on an older version: kept as a conflict")
+                    ? "published inode \(node.ino), \(why) before the daemon stopped, as its current version"
+                    : "inode \(node.ino), \(why) before the daemon stopped, was edited on an older version: kept as a conflict")
                 continue
             }
             try publish(doc, durable: true, beside: .recovered)

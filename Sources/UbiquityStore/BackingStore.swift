@@ -543,6 +543,11 @@ public protocol WorkFile: AnyObject, Sendable {
     /// pages' bytes, so a crash between leaves the base's pages, never unwritten ones. A chunk
     /// marked dirty is whole, whatever pages were marked before.
     func markPages(_ index: Int, _ pages: PageSet) throws(StoreError)
+    /// Mark the copy as made durable by an fsync (`sync` follows): recovery makes such a copy
+    /// the current version, what was fsync'd with whatever came after it, as a file system
+    /// shows a file after a crash. False where the copy cannot record it (then an fsync
+    /// publishes instead). Cleared only with the copy (its publish, `setBase`).
+    func markSynced() throws(StoreError) -> Bool
     /// Record the base version the dirty chunks apply to, and the logical size.
     func setBase(_ base: VersionID?, size: UInt64) throws(StoreError)
     /// Mark the working copy finished (every writer closed it: a saved document, which recovery
@@ -563,6 +568,7 @@ public protocol WorkFile: AnyObject, Sendable {
 public extension WorkFile {
     func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? { nil }
     var keepsPages: Bool { false }
+    func markSynced() throws(StoreError) -> Bool { false }
     func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
         throw StoreError(errno: ENOTSUP, "the working copy of inode \(ino) holds whole chunks only")
     }
@@ -591,6 +597,8 @@ public struct RecoveredWork: Sendable {
     public var file: any WorkFile
     /// Its last writer had closed it (`setFinished(true)`) and nothing changed it since.
     public var finished: Bool
+    /// An fsync made it durable (`markSynced`): it is the file's content, whatever came later.
+    public var synced = false
     /// Its bytes are known whole: written since the machine last started, so the kernel's page
     /// cache kept them even though the daemon died (a kill, not a power cut). Unsynced writes of
     /// a working copy from before a restart may be torn.
@@ -647,16 +655,21 @@ public struct BackingStore: Sendable {
     /// commit may have landed, so its chunks are left to garbage collection, which frees them
     /// only if no version names them.
     public var deletesChunksOfFailedCommits: Bool
+    /// Whether an fsync publishes the working copy (so what it made durable is on the store's
+    /// servers, not only on this machine's disk) rather than making the working copy durable
+    /// where it is. By default, where chunks live elsewhere (`localChunks`).
+    public var fsyncPublishes: Bool
     /// `durability` defaults to the local-disk machinery over these parts (`LocalDurability`);
     /// a store whose commits are durable on their own passes its own.
     public init(metadata: any MetadataStore, blobs: any BlobStore, work: any WorkArea, locks: any LockTable,
                 durability: (any Durability)? = nil, localChunks: (any LocalChunks)? = nil,
-                deletesChunksOfFailedCommits: Bool = true, offline: (any OfflineQueue)? = nil) {
+                deletesChunksOfFailedCommits: Bool = true, offline: (any OfflineQueue)? = nil, fsyncPublishes: Bool? = nil) {
         self.metadata = metadata; self.blobs = blobs; self.work = work; self.locks = locks
         self.offline = offline
         self.durability = durability ?? LocalDurability(metadata: metadata, blobs: blobs, work: work)
         self.localChunks = localChunks
         self.deletesChunksOfFailedCommits = deletesChunksOfFailedCommits
+        self.fsyncPublishes = fsyncPublishes ?? (localChunks != nil)
     }
 }
 

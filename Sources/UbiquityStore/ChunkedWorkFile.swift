@@ -67,7 +67,12 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// blobs too: copied before any change (`writer`).
     private var lent: Set<Int>
     private var needsDirectorySync: Bool
+    /// The map changed since the last `sync`.
+    private var mapChanged = true
     private var hasBase: Bool
+    /// The flags' finished and synced marks as last written.
+    private var finishedMark = false
+    private var syncedMark = false
     /// Format 4: a slot per chunk, pages, the base's reach. A format-3 copy (recovered) has none.
     private let paged: Bool
     /// The least size since `setBase` (format 4).
@@ -83,7 +88,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
 
     init(ino: InodeNumber, folder: String, copyID: UInt64, mapFD: Int32, mapPath: String, dirty: Set<Int>,
          files: Set<Int>, newlyCreated: Bool, base: VersionID?, size: UInt64, dataEnd: UInt64 = 0, paged: Bool,
-         baseReach: UInt64?, reserve: SpaceReserve?, spares: SpareMaps? = nil) {
+         baseReach: UInt64?, finished: Bool = false, synced: Bool = false, reserve: SpaceReserve?, spares: SpareMaps? = nil) {
         self.ino = ino; self.folder = folder; self.copyID = copyID
         self.mapFD = mapFD; self.mapPath = mapPath
         self.dirty = dirty; self.files = files
@@ -93,6 +98,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.headerSize = size
         self.paged = paged
         self.baseReach = baseReach ?? size
+        self.finishedMark = finished
+        self.syncedMark = synced
         self.dataEnd = dataEnd
         self.reserve = reserve
         self.spares = spares
@@ -279,6 +286,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         mutex.withLock {
             headerSize = UInt64(size)
             if let reach { baseReach = reach }
+            mapChanged = true
         }
     }
 
@@ -295,6 +303,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 if let d = uncache(index) { dropped.append(d) }
             }
             dataEnd = min(dataEnd, UInt64(size))
+            // The names go: an fsync after this must make that durable too.
+            if !gone.isEmpty { needsDirectorySync = true }
             return (gone, files.contains(size / chunkSize))
         }
         dropped = []
@@ -318,7 +328,10 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         try withUnsafeBytes(of: WorkMap.wholeChunk) { (raw) throws(StoreError) in
             try pwriteFully(mapFD, raw, at: markOffset(index), path: mapPath)
         }
-        mutex.withLock { _ = dirty.insert(index) }
+        mutex.withLock {
+            dirty.insert(index)
+            mapChanged = true
+        }
     }
 
     /// Where chunk `index`'s mark is in the map.
@@ -337,6 +350,21 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         slot[0] = WorkMap.someChunkPages
         slot.replaceSubrange(32..<64, with: pages.bytes)
         try pwriteFully(mapFD, slot, at: markOffset(index), path: mapPath)
+        mutex.withLock { mapChanged = true }
+    }
+
+    public func markSynced() throws(StoreError) -> Bool {
+        guard paged else { return false }
+        let (base, finished) = mutex.withLock { (hasBase, finishedMark) }
+        let flags = (base ? WorkMap.hasBase : 0) | (finished ? WorkMap.finished : 0) | WorkMap.synced
+        try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
+            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
+        }
+        mutex.withLock {
+            syncedMark = true
+            mapChanged = true
+        }
+        return true
     }
 
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
@@ -350,30 +378,42 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             hasBase = base != nil
             headerSize = size
             baseReach = size
+            finishedMark = false
+            syncedMark = false
+            mapChanged = true
         }
     }
 
     public func setFinished(mtime: Int64?) throws(StoreError) {
-        try WorkMap.writeFinished(mtime, hasBase: mutex.withLock { hasBase }, mapFD: mapFD, mapPath: mapPath)
+        let (base, synced) = mutex.withLock { (hasBase, syncedMark) }
+        try WorkMap.writeFinished(mtime, hasBase: base, synced: synced, mapFD: mapFD, mapPath: mapPath)
+        mutex.withLock {
+            finishedMark = mtime != nil
+            mapChanged = true
+        }
     }
 
     public func sync() throws(StoreError) {
-        let indexes = mutex.withLock { () -> [Int] in
-            defer { unsynced = [] }
-            return Array(unsynced)
+        let (indexes, map) = mutex.withLock { () -> ([Int], Bool) in
+            defer { unsynced = []; mapChanged = false }
+            return (Array(unsynced), mapChanged)
         }
         do throws(StoreError) {
+            // fdatasync: the bytes and what reading them back needs (the size), not the times.
             for index in indexes {
                 guard let d = try reader(index) else { continue }
-                try fsyncChecked(d.fd, path: path(index))
+                try fdatasyncChecked(d.fd, path: path(index))
             }
-            try fsyncChecked(mapFD, path: mapPath)
+            if map { try fdatasyncChecked(mapFD, path: mapPath) }
             if mutex.withLock({ needsDirectorySync }) {
                 try fsyncDirectory(folder)
                 mutex.withLock { needsDirectorySync = false }
             }
         } catch {
-            mutex.withLock { unsynced.formUnion(indexes) }
+            mutex.withLock {
+                unsynced.formUnion(indexes)
+                if map { mapChanged = true }
+            }
             throw error
         }
     }

@@ -423,6 +423,11 @@ public final class FaultInjectingWorkFile: WorkFile, Sendable {
 
     public var keepsPages: Bool { wrapped.keepsPages }
 
+    public func markSynced() throws(StoreError) -> Bool {
+        try plan.check(.workSetFinished)
+        return try wrapped.markSynced()
+    }
+
     public func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
         try plan.check(.workMarkDirty)
         try wrapped.markPages(index, pages)

@@ -53,11 +53,14 @@ enum WorkMap {
     static let someChunkPages: UInt8 = 2
     static let hasBase: UInt64 = 1
     static let finished: UInt64 = 2
+    /// Format 4: an fsync made the copy durable since its base (recovery makes it current).
+    static let synced: UInt64 = 4
 
     struct Header: Equatable {
         var base: VersionID?
         var size: UInt64
         var finished = false
+        var synced = false
         var finishedMtime: Int64 = 0
         var boot: [UInt8] = []
         /// The inode the copy is of (0: not recorded). A map whose file name says otherwise is
@@ -101,15 +104,16 @@ enum WorkMap {
         return out
     }
 
-    /// Writes the finished mark (with the document's modification time), or clears it (nil).
-    static func writeFinished(_ mtime: Int64?, hasBase: Bool, mapFD: Int32, mapPath: String) throws(StoreError) {
+    /// Writes the finished mark (with the document's modification time), or clears it (nil);
+    /// `synced` keeps that mark (format 4).
+    static func writeFinished(_ mtime: Int64?, hasBase: Bool, synced: Bool = false, mapFD: Int32, mapPath: String) throws(StoreError) {
         if let mtime {
             // The time first: the flag, written after it, vouches for it.
             try withUnsafeBytes(of: mtime.littleEndian) { (raw) throws(StoreError) in
                 try pwriteFully(mapFD, raw, at: 48, path: mapPath)
             }
         }
-        let flags = (hasBase ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0)
+        let flags = (hasBase ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0) | (synced ? WorkMap.synced : 0)
         try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
             try pwriteFully(mapFD, raw, at: 8, path: mapPath)
         }
@@ -126,13 +130,13 @@ enum WorkMap {
             let flags = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
             let base = Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 16, as: Int64.self))
             let size = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 24, as: UInt64.self))
-            guard flags & ~(current ? hasBase | finished : hasBase) == 0 else { return nil }
+            guard flags & ~(paged ? hasBase | finished | synced : current ? hasBase | finished : hasBase) == 0 else { return nil }
             let mtime = current ? Int64(littleEndian: raw.loadUnaligned(fromByteOffset: 48, as: Int64.self)) : 0
             let ino = current ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 56, as: UInt64.self)) : 0
             let copyID = chunked ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 64, as: UInt64.self)) : nil
             let reach = paged ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 72, as: UInt64.self)) : nil
             return Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
-                          finishedMtime: mtime, boot: current ? Array(bytes[32..<48]) : [], ino: ino,
+                          synced: flags & synced != 0, finishedMtime: mtime, boot: current ? Array(bytes[32..<48]) : [], ino: ino,
                           chunksAt: paged ? slotsAt : chunked ? chunkedHeaderSize : current ? headerSize : oldHeaderSize,
                           copyID: copyID, slotSize: paged ? slotSize : 1, baseReach: reach)
         }
@@ -465,11 +469,13 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         let file = ChunkedWorkFile(ino: ino, folder: folder, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: Set(dirty),
                                    files: files, newlyCreated: false, base: header.base, size: header.size, dataEnd: dataEnd,
-                                   paged: header.slotSize == WorkMap.slotSize, baseReach: header.baseReach, reserve: reserve)
+                                   paged: header.slotSize == WorkMap.slotSize, baseReach: header.baseReach,
+                                   finished: header.finished, synced: header.synced, reserve: reserve)
         var work = RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
                                  finished: header.finished, intact: intact, modified: header.finished ? header.finishedMtime : newest)
         work.partialChunks = partial
         work.baseReach = header.baseReach
+        work.synced = header.synced
         return work
     }
 

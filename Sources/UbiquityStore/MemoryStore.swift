@@ -348,6 +348,7 @@ public final class MemoryWorkArea: WorkArea, @unchecked Sendable {
                                      finished: info.finished, intact: info.intact, modified: info.modified)
             work.partialChunks = info.partial
             work.baseReach = info.baseReach
+            work.synced = info.synced
             return work
         }
     }
@@ -379,6 +380,7 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         var partial: [Int: PageSet] = [:]
         var baseReach: UInt64 = 0
         var finished = false
+        var fsynced = false
         var finishedMtime: Int64?
         var modified: Int64 = 0
     }
@@ -409,11 +411,11 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
     }
 
     fileprivate func recoveryInfo() -> (base: VersionID?, size: UInt64, dirty: [Int], partial: [Int: PageSet], baseReach: UInt64,
-                                        finished: Bool, intact: Bool, modified: Int64) {
+                                        synced: Bool, finished: Bool, intact: Bool, modified: Int64) {
         mutex.withLock {
             let chunks = (content.size + chunkSize - 1) / chunkSize
             return (content.base, UInt64(content.size), content.dirty.filter { $0 < chunks }.sorted(),
-                    content.partial.filter { $0.key < chunks }, content.baseReach,
+                    content.partial.filter { $0.key < chunks }, content.baseReach, content.fsynced,
                     content.finished, intact, content.finishedMtime ?? content.modified)
         }
     }
@@ -500,6 +502,11 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
 
     public var keepsPages: Bool { true }
 
+    public func markSynced() throws(StoreError) -> Bool {
+        mutex.withLock { content.fsynced = true }
+        return true
+    }
+
     public func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
         guard index >= 0 else { throw StoreError(errno: EINVAL, "mark work file \(ino): negative chunk index") }
         mutex.withLock { if !content.dirty.contains(index) { content.partial[index] = pages } }
@@ -510,6 +517,7 @@ public final class MemoryWorkFile: WorkFile, @unchecked Sendable {
         mutex.withLock {
             content.base = base
             content.baseReach = size
+            content.fsynced = false
             content.finished = false
             content.finishedMtime = nil
             resize(Int(size))

@@ -343,25 +343,99 @@ final class PersistenceTests: XCTestCase {
         try XCTUnwrap(store.work as? MemoryWorkArea).simulatePowerCut()
     }
 
-    func testFsyncPublishesDurably() throws {
-        let store = makeMemoryStore()
-        var ino: UInt64 = 0
-        let synced = pattern(chunkSize + 300, seed: 2)
-        do {
+    /// fsync makes the working copy durable where it is, without a version: a power cut keeps
+    /// what was fsync'd (the memory store's copy falls back to its last sync), a kill keeps what
+    /// came after it too, as a file system shows a file after a crash. The version comes at the
+    /// close, and only then do other writers see the content.
+    func testFsyncMakesTheWorkingCopyDurableWithoutAVersion() throws {
+        for powerCutToo in [true, false] {
+            let store = makeMemoryStore()
+            var ino: UInt64 = 0
+            let synced = pattern(chunkSize + 300, seed: 2)
+            do {
+                let fs = try openFS(store)
+                let docs = try fs.ino("SugoiApp")
+                let (attrs, h) = try fs.create(parent: docs, name: b("db.sqlite"), mode: 0o644, flags: O_RDWR, caller: owner)
+                ino = attrs.ino
+                try fs.put(h, synced, at: 0)
+                try fs.fsync(handle: h, dataOnly: false)
+                XCTAssertEqual(try store.metadata.versions(of: ino).count, 0, "no version per fsync")
+                try fs.put(h, b("later"), at: 0)
+                if powerCutToo { try powerCut(store) }   // the daemon and the machine die here
+            }
             let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp")
-            let (attrs, h) = try fs.create(parent: docs, name: b("db.sqlite"), mode: 0o644, flags: O_RDWR, caller: owner)
-            ino = attrs.ino
-            try fs.put(h, synced, at: 0)
-            try fs.fsync(handle: h, dataOnly: false)
-            XCTAssertEqual(try store.metadata.versions(of: ino).count, 1, "fsync published a version")
-            // Written after the fsync, never synced: may be lost, but never half.
-            try fs.put(h, b("later"), at: 0)
-            try powerCut(store)   // the daemon and the machine die here
+            var expected = synced
+            if !powerCutToo { expected.replaceSubrange(0..<5, with: b("later")) }
+            assertBytes(try fs.contents("SugoiApp/db.sqlite"), expected, "power cut: \(powerCutToo)")
+            XCTAssertEqual(try store.metadata.versions(of: ino).map(\.origin), [.published], "the current version, not a side one")
         }
+    }
+
+    /// Where chunks live elsewhere (a shared store), fsync publishes: what it promised is on the
+    /// servers, not only on this machine's disk.
+    func testFsyncPublishesWhereTheStoreSaysSo() throws {
+        var store = makeMemoryStore()
+        store.fsyncPublishes = true
         let fs = try openFS(store)
-        assertBytes(try fs.contents("SugoiApp/db.sqlite"), synced)
-        XCTAssertEqual(try fs.getattr(ino).size, UInt64(synced.count))
+        let (attrs, h) = try fs.create(parent: try fs.ino("SugoiApp"), name: b("f"), mode: 0o644, flags: O_RDWR, caller: owner)
+        try fs.put(h, b("kept"), at: 0)
+        try fs.fsync(handle: h, dataOnly: true)
+        XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 1, "fsync published a version")
+        try fs.release(handle: h)
+    }
+
+    /// A truncate of content an fsync made durable publishes it first (a cut may begin a new
+    /// content, which a crash would leave half made); the later writes only add to it.
+    func testATruncateAfterAnFsyncKeepsTheSyncedContentAsAVersion() throws {
+        for embedded in [false, true] {
+            let (_, session) = sessions(embedded: embedded)
+            var ino: UInt64 = 0
+            try session(false) { fs, store in
+                let (attrs, h) = try fs.create(parent: try fs.ino("SugoiApp"), name: b("log"), mode: 0o644, flags: O_RDWR, caller: owner)
+                ino = attrs.ino
+                try fs.put(h, b("first, fsync'ed"), at: 0)
+                try fs.fsync(handle: h, dataOnly: false)
+                try fs.put(h, b("FIRST"), at: 0)
+                XCTAssertEqual(try store.metadata.versions(of: ino).count, 0)
+                _ = try fs.setattr(ino, AttributeChanges(size: 0), handle: h, caller: owner)
+                XCTAssertEqual(try store.metadata.versions(of: ino).count, 1, "published before the cut")
+                try fs.put(h, b("second, half writ"), at: 0)
+                // killed: no release
+            }
+            try session(true) { fs, store in
+                assertBytes(try fs.contents(ino), b("FIRST, fsync'ed"), "embedded: \(embedded)")
+                let versions = try store.metadata.versions(of: ino)
+                XCTAssertEqual(versions.map(\.origin), [.published, .recovered])
+                assertBytes(try bytes(of: XCTUnwrap(versions.last), in: store), b("second, half writ"))
+            }
+        }
+    }
+
+    /// The embedded store keeps an fsync'd working copy's mark: after a kill the copy (held in
+    /// pages of a big file) is the current version, and its publish at close is durable.
+    func testAnFsyncedWorkingCopyIsCurrentAfterAKillInTheEmbeddedStore() throws {
+        let (_, session) = sessions(embedded: true)
+        let base = pattern(2 * chunkSize + 77, seed: 5)
+        var ino: UInt64 = 0
+        var expected = base
+        try session(true) { fs, _ in ino = try fs.makeFile(try fs.ino("SugoiApp"), "db", base) }
+        try session(false) { fs, store in
+            let h = try fs.open(ino, flags: O_RDWR)
+            for (i, offset) in [chunkSize + 4096, 77, 2 * chunkSize + 70].enumerated() {
+                let block = pattern(100, seed: UInt8(40 + i))
+                try fs.put(h, block, at: UInt64(offset))
+                expected.replaceSubrange(offset..<min(expected.count, offset + 100), with: block.prefix(expected.count - offset))
+                if offset + 100 > expected.count { expected += block.suffix(offset + 100 - expected.count) }
+                try fs.fsync(handle: h, dataOnly: true)
+            }
+            XCTAssertEqual(try store.metadata.versions(of: ino).count, 1, "no version per fsync")
+            XCTAssertLessThanOrEqual(try workBytes(store), 8 * pageSize, "pages, not chunks")
+        }
+        try session(true) { fs, store in
+            assertBytes(try fs.contents(ino), expected)
+            XCTAssertEqual(try store.metadata.versions(of: ino).map(\.origin), [.published, .published])
+            XCTAssertEqual(try store.work.leftovers().count, 0)
+        }
     }
 
     func testFsyncWithNothingNewIsStillABarrier() throws {

@@ -8,7 +8,8 @@
 // truncate, read, mkdir, rename (plain, RENAME_NOREPLACE, RENAME_EXCHANGE), unlink, rmdir, link,
 // handles held open across steps (write/read/truncate/fsync/close through them), idle publish,
 // reopening the filesystem (clean), and a crash (the filesystem object is dropped with handles
-// open: held files fall back to what was last published); `rm -rf`, and Recently Deleted's
+// open: held files fall back to what was last published, or, if fsync'ed since, keep what they
+// hold); `rm -rf`, and Recently Deleted's
 // restore, empty one item and empty all. Unlink of a last name and rmdir go to the model's
 // Recently Deleted, whose listing (where each item was) and files' content are compared too.
 //
@@ -58,6 +59,10 @@ struct ReferenceModel {
     var files: [Int: [UInt8]] = [:]
     /// What each file's content was at its last publish (what a crash falls back to).
     var published: [Int: [UInt8]] = [:]
+    /// Files an fsync made durable since their last publish: a crash keeps what they hold then.
+    var synced: Set<Int> = []
+    /// Files written or truncated since their last publish (an fsync of any other syncs nothing).
+    var changed: Set<Int> = []
     var nextID = 1
     let maxDepth: Int?
 
@@ -113,6 +118,8 @@ struct ReferenceModel {
         if names(of: id) == 0 && held == 0 && !trash.contains(where: { $0.node == .file(id) }) {
             files[id] = nil
             published[id] = nil
+            synced.remove(id)
+            changed.remove(id)
         }
     }
 
@@ -360,10 +367,18 @@ final class ReferenceRun {
             let viaOther = other != nil && eligibleForOther(op) && rng.chance(35)
             history.append("\(step): \(op)" + (viaOther ? " (through the second writer)" : ""))
             let expected = applyToModel(op)
-            let (w, wDocs) = writer(viaOther)
-            // What the change feed would have applied by now (a lookup walks this writer's view).
-            do { try w.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
-            let got = applyToFS(op, on: w, docs: wDocs)
+            var got: Outcome
+            do {
+                let (w, wDocs) = writer(viaOther)
+                // What the change feed would have applied by now (a lookup walks this writer's view).
+                do { try w.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
+                got = applyToFS(op, on: w, docs: wDocs)
+            }
+            switch op {
+            case .reopen: got = restart(crash: false)
+            case .crash: got = restart(crash: true)
+            default: break
+            }
             if viaOther { tally["through the second writer", default: 0] += 1 }
             switch op {
             case .trashRestore where expected == .ok: tally["trash restores", default: 0] += 1
@@ -499,7 +514,19 @@ final class ReferenceRun {
 
     /// A path operation on a file ended with no handle left open: the file was published.
     private func publishedIfClosed(_ id: Int) {
-        if heldCount(id) == 0 { model.published[id] = model.files[id] }
+        if heldCount(id) == 0 { published(id) }
+    }
+
+    /// `id` was published: a crash falls back to what it holds now.
+    private func published(_ id: Int) {
+        model.published[id] = model.files[id]
+        model.synced.remove(id)
+        model.changed.remove(id)
+    }
+
+    /// A truncate of a file an fsync made durable publishes it first.
+    private func truncating(_ id: Int) {
+        if model.synced.contains(id) { published(id) }
     }
 
     private func applyToModel(_ op: Operation) -> Outcome {
@@ -516,13 +543,16 @@ final class ReferenceRun {
             if let e = model.resolveError(p) { return .fail(e) }
             guard case .file(let id)? = model.node(p) else { return .fail(EISDIR) }
             M.write(bytes, at: offset, into: &model.files[id]!)
+            if !bytes.isEmpty { model.changed.insert(id) }
             publishedIfClosed(id)
             return .ok
 
         case .truncate(let p, let size):
             if let e = model.resolveError(p) { return .fail(e) }
             guard case .file(let id)? = model.node(p) else { return .fail(EISDIR) }
+            truncating(id)
             M.resize(&model.files[id]!, to: size)
+            model.changed.insert(id)
             publishedIfClosed(id)
             return .ok
 
@@ -576,24 +606,29 @@ final class ReferenceRun {
 
         case .writeHeld(let i, let offset, let bytes):
             M.write(bytes, at: offset, into: &model.files[held[i].id]!)
+            if !bytes.isEmpty { model.changed.insert(held[i].id) }
             return .ok
         case .readHeld(let i, let offset, let count):
             return .data(slice(model.files[held[i].id]!, offset, count))
         case .truncateHeld(let i, let size):
+            truncating(held[i].id)
             M.resize(&model.files[held[i].id]!, to: size)
+            model.changed.insert(held[i].id)
             return .ok
         case .fsyncHeld(let i):
-            model.published[held[i].id] = model.files[held[i].id]
+            if model.changed.contains(held[i].id) { model.synced.insert(held[i].id) }
             return .ok
         case .closeHeld:
             return .ok   // bookkeeping in applyToFS, which owns `held`
         case .publishIdle:
-            for h in held { model.published[h.id] = model.files[h.id] }
+            for h in held { published(h.id) }
             return .ok
         case .reopen:
-            for h in held { model.published[h.id] = model.files[h.id] }
+            for h in held { published(h.id) }
             return .ok
         case .crash:
+            // What an fsync made durable is the file's content after the crash, with what came after.
+            for id in model.synced { published(id) }
             for id in Array(model.files.keys) { model.files[id] = model.published[id] }
             return .ok
         case .trashRestore(let k):
@@ -697,6 +732,28 @@ final class ReferenceRun {
         if n != bytes.count { throw FSError(EIO, "short write \(n) of \(bytes.count)") }
     }
 
+    /// A clean reopen of the first writer (every held handle released, everything published), or
+    /// a crash (kill -9: no release, no publish). Holds no reference to the old writer but `fs`,
+    /// which `open` drops, so its store lock is free for the new one's recovery.
+    private func restart(crash: Bool) -> Outcome {
+        do {
+            let closing = held
+            held = []
+            for h in closing {
+                model.collect(h.id, held: 0)
+                if !crash { try fs.release(handle: h.handle) }
+            }
+            if !crash {
+                let failures = fs.publishAll()
+                if !failures.isEmpty { throw failures[0] }
+            }
+            try open()
+            return .ok
+        } catch {
+            return .fail(errnoOf(error) ?? -1)
+        }
+    }
+
     /// Apply `op` through writer `fs` (whose Documents folder is `docs`); handles held across
     /// steps are always the first writer's.
     private func applyToFS(_ op: Operation, on fs: UbiquityFileSystem, docs: UInt64) -> Outcome {
@@ -767,30 +824,15 @@ final class ReferenceRun {
                 return .ok
             case .closeHeld(let i):
                 let h = held.remove(at: i)
-                if heldCount(h.id) == 0 { model.published[h.id] = model.files[h.id] }
+                if heldCount(h.id) == 0 { published(h.id) }
                 model.collect(h.id, held: heldCount(h.id))
                 try fs.release(handle: h.handle)
                 return .ok
             case .publishIdle:
                 fs.publishIdle()
                 return .ok
-            case .reopen:
-                let closing = held
-                held = []
-                for h in closing {
-                    model.collect(h.id, held: heldCount(h.id))
-                    try fs.release(handle: h.handle)
-                }
-                let failures = fs.publishAll()
-                if !failures.isEmpty { throw failures[0] }
-                try open()
-                return .ok
-            case .crash:
-                let dropped = held
-                held = []
-                for h in dropped { model.collect(h.id, held: 0) }
-                try open()   // drops the old one first. kill -9: no release, no publishAll
-                return .ok
+            case .reopen, .crash:
+                return .ok   // after this returns, by `restart`: the writer passed in must be let go first
             case .trashRestore(let k):
                 let items = fs.trashItems(container: container.name)
                 guard !items.isEmpty else { return .fail(ENOENT) }
@@ -1003,9 +1045,13 @@ final class ChangeFeedThread: @unchecked Sendable {
                 while running && paused > 0 { condition.wait() }
                 guard running else { condition.unlock(); break }
                 busy = true
-                let ws = current
-                condition.unlock()
-                for w in ws { _ = try? w.catchUp() }
+                do {
+                    // Let go of the writers before saying so: `pausing` drops one to crash it,
+                    // and its store lock must be free for the next one's recovery.
+                    let ws = current
+                    condition.unlock()
+                    for w in ws { _ = try? w.catchUp() }
+                }
                 condition.lock()
                 busy = false
                 condition.broadcast()
