@@ -11,7 +11,9 @@ extension UbiquityFileSystem {
     /// version of that origin beside the current one, leaving the file as it is (recovery of a
     /// copy that cannot be trusted to be the file's content). `durable`: the store's barrier
     /// before the working copy goes. The one path for every publish, recovery's included.
-    func publish(_ doc: Document, durable: Bool, beside: VersionOrigin? = nil,
+    /// `bringingBack`: a file another writer deleted meanwhile comes back (see below); false in
+    /// recovery, where the delete may have been the dead daemon's own.
+    func publish(_ doc: Document, durable: Bool, beside: VersionOrigin? = nil, bringingBack: Bool = true,
                  removeLater: ((any WorkFile) -> Void)? = nil) throws {
         // A nameless file is never published (it is deleted once nothing refers to it). If its
         // last name goes while this publish runs, the commit below adds nothing and the
@@ -71,7 +73,7 @@ extension UbiquityFileSystem {
         // file it still writes.
         // The same if a folder it is in went to Recently Deleted whole. Just the file (and the
         // folders it needs) comes back: the other items deleted with it stay deleted.
-        if beside == nil { bringBackIfDeletedElsewhere(doc.ino, why: "edited here") }
+        if beside == nil && bringingBack { bringBackIfDeletedElsewhere(doc.ino, why: "edited here") }
         if let conflict { makeConflictCopy(conflict) }
     }
 

@@ -88,7 +88,9 @@ extension UbiquityFileSystem {
             if (leftover.finished && leftover.intact) || leftover.synced {
                 // Durable, as every publish below: the working copy is deleted once this commits.
                 // On a base that is no longer current it is a conflict, like any other publish.
-                try publish(doc, durable: true)
+                // A file in Recently Deleted stays there (the dead daemon may have deleted it
+                // itself, after the close or fsync): its content is there for a restore.
+                try publish(doc, durable: true, bringingBack: false)
                 // A change no kernel request made: the kernel may hold the old size and times.
                 // And a document open here follows it, unless it has changes of its own (those
                 // then publish as a conflict).

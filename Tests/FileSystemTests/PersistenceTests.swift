@@ -411,6 +411,37 @@ final class PersistenceTests: XCTestCase {
         }
     }
 
+    /// A file deleted (to Recently Deleted) while its fsync'd working copy waited for its publish
+    /// stays deleted after a crash: recovery publishes the copy into the deleted file, where a
+    /// restore finds it, and never brings it back to its name (the delete was this mount's own).
+    func testAnFsyncedCopyOfADeletedFileStaysInRecentlyDeleted() throws {
+        for powerCutToo in [false, true] {
+            let store = makeMemoryStore()
+            var ino: UInt64 = 0
+            do {
+                let fs = try openFS(store)
+                fs.publishesOnClose = false   // killed between the close and its publish
+                let docs = try fs.ino("SugoiApp")
+                ino = try fs.makeFile(docs, "gone.txt", b("old"))
+                let h = try fs.open(ino, flags: O_RDWR | O_TRUNC)
+                try fs.put(h, b("fsync'ed, then deleted"), at: 0)
+                try fs.fsync(handle: h, dataOnly: false)
+                try fs.flush(handle: h)
+                try fs.unlink(parent: docs, name: b("gone.txt"))
+                if powerCutToo { try powerCut(store) }
+            }
+            let fs = try openFS(store)
+            if !powerCutToo {
+                XCTAssertEqual(try fs.names("SugoiApp"), [])
+                XCTAssertEqual(fs.trashItems().map(\.ino), [ino])
+                _ = try fs.restoreFromTrash(ino)
+            } else {
+                XCTAssertEqual(fs.trashItems().map(\.ino), [], "the delete was never made durable")
+            }
+            assertBytes(try fs.contents("SugoiApp/gone.txt"), b("fsync'ed, then deleted"), "power cut: \(powerCutToo)")
+        }
+    }
+
     /// The embedded store keeps an fsync'd working copy's mark: after a kill the copy (held in
     /// pages of a big file) is the current version, and its publish at close is durable.
     func testAnFsyncedWorkingCopyIsCurrentAfterAKillInTheEmbeddedStore() throws {
