@@ -348,15 +348,23 @@ final class Document: @unchecked Sendable {
     /// the fsync too, as a file system shows a file after a crash). False when there is nothing
     /// unpublished or the copy cannot carry the mark: the caller publishes durably instead.
     func syncWorkingCopy() throws -> Bool {
-        try lock.write {
-            guard let work, stat().unpublished else { return false }
+        let marked = try lock.write { () throws -> (any WorkFile)? in
+            guard let work, stat().unpublished else { return nil }
             if !syncedMark {
-                guard try work.markSynced() else { return false }
+                guard try work.markSynced() else { return nil }
                 syncedMark = true
             }
-            try work.sync()
-            return true
+            return work
         }
+        guard let marked else { return false }
+        // The syncs under the read lock: reads go on meanwhile, writes wait (an fsync covers
+        // the writes that returned before it).
+        try lock.read {
+            // Published meanwhile (durably: it was marked), and the copy is gone.
+            guard work === marked else { return }
+            try marked.sync()
+        }
+        return true
     }
 
     /// Let a change overwrite the closed content: it will never be published (`nameless`: the
@@ -420,7 +428,7 @@ final class Document: @unchecked Sendable {
         let touched = PageSet(touching: from, to)
         // A page the write covers only in part, and which the copy does not hold yet, comes in
         // first: the rest of it must stay the base's bytes.
-        for page in [from / pageSize, (to - 1) / pageSize] where !held.contains(page) {
+        for page in Set([from / pageSize, (to - 1) / pageSize]) where !held.contains(page) {
             let pageStart = page * pageSize
             guard from > pageStart || to < pageStart + pageSize, pageStart < length else { continue }
             try copyBase(index, pageStart..<min(pageStart + pageSize, length))
@@ -432,13 +440,7 @@ final class Document: @unchecked Sendable {
     /// Record that the working copy holds `pages` of chunk `index`; a chunk held whole is marked
     /// so. Caller holds `lock` for writing.
     private func markPages(_ index: Int, _ pages: PageSet) throws {
-        if pages.isFull {
-            try work!.markDirty(index)
-            partial[index] = nil
-            dirty.insert(index)
-            statLock.withLock { dirtyCount = dirty.count }
-            return
-        }
+        if pages.isFull { return try markWhole(index) }
         if partial[index] == pages { return }
         try work!.markPages(index, pages)
         partial[index] = pages
@@ -481,6 +483,11 @@ final class Document: @unchecked Sendable {
                 try copyBase(index, 0..<length)
             }
         }
+        try markWhole(index)
+    }
+
+    /// Chunk `index` is whole in the working copy. Caller holds `lock` for writing.
+    private func markWhole(_ index: Int) throws {
         try work!.markDirty(index)
         partial[index] = nil
         dirty.insert(index)

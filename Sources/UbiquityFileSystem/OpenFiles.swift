@@ -183,8 +183,8 @@ extension UbiquityFileSystem {
     }
 
     /// fsync: the data survives a crash as the file's content. Where chunks are all on this
-    /// machine, the working copy is made durable where it is (its changed pages and its map, then
-    /// the store's barrier for the names and base content it relies on), and published later as
+    /// machine, the working copy is made durable where it is (the store's barrier first, for the
+    /// names and base content it relies on, then its changed pages and its map), and published later as
     /// any other (close, idle time): no version per fsync, no chunk rewritten for a 4 KiB write.
     /// Where they live elsewhere (a shared store), it is published durably, so what an fsync
     /// promised is on the servers.
@@ -194,10 +194,12 @@ extension UbiquityFileSystem {
             let (doc, _) = try fileDocument(handle)
             do {
                 if doc.hasUnpublishedChanges {
-                    if !store.fsyncPublishes, try doc.syncWorkingCopy() {
-                        try store.durability.sync()
-                    } else {
+                    if store.fsyncPublishes {
                         try publish(doc, durable: true)
+                    } else {
+                        // The barrier first: a copy marked synced vouches for its base too.
+                        try store.durability.sync()
+                        if !(try doc.syncWorkingCopy()) { try publish(doc, durable: true) }
                     }
                 } else {
                     try store.durability.sync()

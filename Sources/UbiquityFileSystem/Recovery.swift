@@ -81,11 +81,17 @@ extension UbiquityFileSystem {
                 continue
             }
             var baseChunks: [ChunkRef] = []
-            if let b = leftover.base, let v = try store.metadata.version(b) { baseChunks = v.chunks }
+            // A base gone from the history (its content lost to a power cut) leaves the copy's
+            // pages without the bytes around them: never current then.
+            var baseKnown = leftover.base == nil
+            if let b = leftover.base, let v = try store.metadata.version(b) {
+                baseChunks = v.chunks
+                baseKnown = true
+            }
             let doc = Document(recovered: leftover, base: baseChunks, baseVersion: leftover.base,
                                mtime: leftover.finished ? leftover.modified : max(node.mtime, leftover.modified),
                                store: store)
-            if (leftover.finished && leftover.intact) || leftover.synced {
+            if baseKnown && ((leftover.finished && leftover.intact) || leftover.synced) {
                 // Durable, as every publish below: the working copy is deleted once this commits.
                 // On a base that is no longer current it is a conflict, like any other publish.
                 // A file in Recently Deleted stays there (the dead daemon may have deleted it

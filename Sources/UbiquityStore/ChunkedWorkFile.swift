@@ -1,15 +1,20 @@
-// Working copies whose chunks are files of their own (map format 3), so that publishing writes
-// no byte twice: a chunk file becomes the chunk's blob by a second name (`ChunkAdopting`), where
-// the single-file format had every dirty chunk read back and written again as a blob.
+// Working copies whose chunks are files of their own (map formats 3 and 4), so that publishing
+// writes no byte twice: a chunk file becomes the chunk's blob by a second name (`ChunkAdopting`),
+// where the single-file format had every dirty chunk read back and written again as a blob.
 //
 //   <ino>.map                 as in LocalWorkArea.swift, magic "UBQWMAP4", and more header:
 //                               64  u64 the copy's id (random), which names its chunk files
 //                               72  u64 how much of the base it still shows: its least size
 //                                   since `setBase` (a truncate below, then a growth, shows zeros
 //                                   there, not the base's bytes)
-//                             then from byte 128 a 64-byte slot per chunk: byte 0 its state (1:
-//                             whole in the copy, 2: some pages are, the rest are the base's),
-//                             bytes 32..<64 those pages (`PageSet`, little endian). Format 3
+//                             flags bit 2: an fsync made it durable (`markSynced`), written by
+//                             `sync` after the chunk files' fdatasync; then from byte 128 a
+//                             128-byte slot per chunk, two halves of 64: the state now and the
+//                             state as of the last sync since that mark. A half: byte 0 the
+//                             state (1: whole in the copy, 2: some pages are, the rest are the
+//                             base's), bytes 32..<64 those pages (`PageSet`, little endian).
+//                             After a power cut, recovery of a synced copy reads the synced
+//                             halves (a later state may be on disk before its bytes). Format 3
 //                             ("UBQWMAP3", header ending at 72, a state byte per chunk from 72,
 //                             whole chunks only) is still recovered.
 //   <ino>.<copy id>.<index>   chunk `index`'s bytes from the chunk's start; a file shorter than
@@ -21,11 +26,13 @@
 // file exists before its dirty mark, so after a crash of the daemon a marked chunk without a
 // file holds zeros (a truncate removed it). A truncate cuts the files, then writes the size: a
 // crash between leaves a copy whose tail is cut before its size says, which recovery keeps as a
-// side version only (a truncate clears the finished mark first). Chunk files are never
+// side version only (a truncate clears the finished mark first; a synced copy is published
+// before any truncate). Chunk files are never
 // truncated to be reused, and a file handed to the blob store (`chunkFile`) is copied before
 // any change: it may be a blob too. The copy id keeps a working copy made again for the same
 // inode (a discarded document and a reopened one) from sharing names with the one before.
-// An older daemon that takes over this folder knows no format 3: it deletes such copies.
+// An older daemon that takes over this folder knows neither format: it deletes such copies,
+// fsync'd ones included (a downgrade after a crash loses what they held).
 
 import Foundation
 #if canImport(Glibc)
@@ -73,6 +80,14 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// The flags' finished and synced marks as last written.
     private var finishedMark = false
     private var syncedMark = false
+    /// An fsync asked for the synced mark (`markSynced`): `sync` writes the slots' synced
+    /// halves, then the mark.
+    private var syncRequested = false
+    /// Chunks held in pages, and which (format 4).
+    private var heldPages: [Int: PageSet] = [:]
+    /// Slots changed since their synced halves were last written; nil: all of them are owed
+    /// (none was written yet).
+    private var unsyncedSlots: Set<Int>? = nil
     /// Format 4: a slot per chunk, pages, the base's reach. A format-3 copy (recovered) has none.
     private let paged: Bool
     /// The least size since `setBase` (format 4).
@@ -100,6 +115,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.baseReach = baseReach ?? size
         self.finishedMark = finished
         self.syncedMark = synced
+        self.syncRequested = synced
         self.dataEnd = dataEnd
         self.reserve = reserve
         self.spares = spares
@@ -277,11 +293,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             // Before the size: a crash between leaves a copy that shows less of its base, never
             // more (the chunks past it hold zeros, as the cut made them).
             try withUnsafeBytes(of: reach.littleEndian) { (raw) throws(StoreError) in
-                try pwriteFully(mapFD, raw, at: 72, path: mapPath)
+                try pwriteFully(mapFD, raw, at: WorkMap.baseReachAt, path: mapPath)
             }
         }
         try withUnsafeBytes(of: UInt64(size).littleEndian) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: 24, path: mapPath)
+            try pwriteFully(mapFD, raw, at: WorkMap.sizeAt, path: mapPath)
         }
         mutex.withLock {
             headerSize = UInt64(size)
@@ -330,6 +346,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         }
         mutex.withLock {
             dirty.insert(index)
+            heldPages[index] = nil
+            unsyncedSlots?.insert(index)
             mapChanged = true
         }
     }
@@ -345,26 +363,57 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         guard index >= 0 else { throw StoreError(errno: EINVAL, "mark \(mapPath): negative chunk index \(index)") }
         guard paged else { throw StoreError(errno: ENOTSUP, "mark \(mapPath): a format-3 copy holds whole chunks only") }
         if mutex.withLock({ dirty.contains(index) }) { return }
-        // The whole slot in one write, within one page of the map.
-        var slot = [UInt8](repeating: 0, count: WorkMap.slotSize)
-        slot[0] = WorkMap.someChunkPages
-        slot.replaceSubrange(32..<64, with: pages.bytes)
-        try pwriteFully(mapFD, slot, at: markOffset(index), path: mapPath)
-        mutex.withLock { mapChanged = true }
+        // The slot's live half in one write, within one page of the map.
+        try pwriteFully(mapFD, Self.half(WorkMap.someChunkPages, pages), at: markOffset(index), path: mapPath)
+        mutex.withLock {
+            heldPages[index] = pages
+            unsyncedSlots?.insert(index)
+            mapChanged = true
+        }
     }
 
+    /// A slot's half: its state byte, its page set at `WorkMap.pagesAt`.
+    private static func half(_ state: UInt8, _ pages: PageSet) -> [UInt8] {
+        var bytes = [UInt8](repeating: 0, count: WorkMap.syncedHalf)
+        bytes[0] = state
+        bytes.replaceSubrange(WorkMap.pagesAt..<(WorkMap.pagesAt + PageSet.count / 8), with: pages.bytes)
+        return bytes
+    }
+
+    /// Asks `sync` to mark the copy synced. The mark is written there, after the chunk files are
+    /// durable and with the slots' synced halves, so that after a power cut it vouches only for
+    /// bytes that reached the disk.
     public func markSynced() throws(StoreError) -> Bool {
         guard paged else { return false }
-        let (base, finished) = mutex.withLock { (hasBase, finishedMark) }
+        mutex.withLock { syncRequested = true }
+        return true
+    }
+
+    /// Writes the synced halves of the slots changed since the last time (all the first time)
+    /// and the synced mark. Caller made the chunk files durable; the map's sync follows.
+    private func writeSyncedHalves() throws(StoreError) {
+        let (owed, base, finished) = mutex.withLock { () -> ([(Int, [UInt8])], Bool, Bool) in
+            let slots = unsyncedSlots ?? dirty.union(heldPages.keys)
+            let owed = slots.sorted().map { index in
+                (index, dirty.contains(index) ? Self.half(WorkMap.wholeChunk, PageSet())
+                    : Self.half(heldPages[index] != nil ? WorkMap.someChunkPages : 0, heldPages[index] ?? PageSet()))
+            }
+            return (owed, hasBase, finishedMark)
+        }
+        for (index, half) in owed {
+            try pwriteFully(mapFD, half, at: markOffset(index) + WorkMap.syncedHalf, path: mapPath)
+        }
         let flags = (base ? WorkMap.hasBase : 0) | (finished ? WorkMap.finished : 0) | WorkMap.synced
         try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
+            try pwriteFully(mapFD, raw, at: WorkMap.flagsAt, path: mapPath)
         }
         mutex.withLock {
+            // Changed meanwhile: owed again at the next sync.
+            let written = Set(owed.map(\.0))
+            unsyncedSlots = (unsyncedSlots ?? []).subtracting(written)
             syncedMark = true
             mapChanged = true
         }
-        return true
     }
 
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
@@ -380,6 +429,9 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             baseReach = size
             finishedMark = false
             syncedMark = false
+            syncRequested = false
+            heldPages = [:]
+            unsyncedSlots = nil
             mapChanged = true
         }
     }
@@ -404,7 +456,12 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 guard let d = try reader(index) else { continue }
                 try fdatasyncChecked(d.fd, path: path(index))
             }
-            if map { try fdatasyncChecked(mapFD, path: mapPath) }
+            var mapOwed = map
+            if mutex.withLock({ syncRequested }) {
+                try writeSyncedHalves()
+                mapOwed = true
+            }
+            if mapOwed { try fdatasyncChecked(mapFD, path: mapPath) }
             if mutex.withLock({ needsDirectorySync }) {
                 try fsyncDirectory(folder)
                 mutex.withLock { needsDirectorySync = false }
@@ -453,5 +510,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         withExtendedLifetime(dropped) {}   // closed here, not under the lock
         // Names of this copy's own (its id is in them); a published chunk lives on as its blob.
         for index in indexes { _ = retryEINTR { unlink(path(index)) } }
+        // A synced copy's map must not come back after a power cut: recovery would publish it
+        // again, over the version it became, as a conflict.
+        if mutex.withLock({ syncedMark }) { try? fsyncDirectory(folder) }
     }
 }

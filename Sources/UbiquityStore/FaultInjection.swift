@@ -14,7 +14,8 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     // BlobStore (`blobVerify`: a fault makes `verify` return false)
     case blobWrite, blobRead, blobDelete, syncAll, syncWritten, blobVerify
     // WorkArea and WorkFile
-    case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workSetBase, workSetFinished, workSync
+    case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workMarkPages, workMarkSynced, workSetBase,
+         workSetFinished, workSync
     // LockTable (`release` cannot fail)
     case lockSet, lockTest
     // Not the store's: the FUSE bridge's answer to a replay of another writer's change made
@@ -424,12 +425,12 @@ public final class FaultInjectingWorkFile: WorkFile, Sendable {
     public var keepsPages: Bool { wrapped.keepsPages }
 
     public func markSynced() throws(StoreError) -> Bool {
-        try plan.check(.workSetFinished)
+        try plan.check(.workMarkSynced)
         return try wrapped.markSynced()
     }
 
     public func markPages(_ index: Int, _ pages: PageSet) throws(StoreError) {
-        try plan.check(.workMarkDirty)
+        try plan.check(.workMarkPages)
         try wrapped.markPages(index, pages)
     }
 

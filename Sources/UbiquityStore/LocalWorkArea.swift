@@ -44,13 +44,22 @@ enum WorkMap {
     static let chunkedHeaderSize = 72
     static let pagedHeaderSize = 80
     /// Where a format-4 map's slots start, and their size: a slot never spans two pages of the
-    /// map, so its one write lands whole or not at all.
+    /// map, so each of its writes lands whole or not at all.
     static let slotsAt = 128
-    static let slotSize = 64
-    /// A slot's state byte: the chunk is whole in the copy, or some of its pages are (the
-    /// page set at byte 32 of the slot says which).
+    static let slotSize = 128
+    /// A slot's halves: the chunk's state now (a state byte, its page set at 32), and at 64 the
+    /// same as of the copy's last sync since an fsync marked it, written after the chunk files'
+    /// `fdatasync`. After a power cut the synced half is what the disk is known to hold: a
+    /// state written later may have reached the disk before the bytes it vouches for.
+    static let syncedHalf = 64
+    static let pagesAt = 32
+    /// A slot's state byte: the chunk is whole in the copy, or some of its pages are.
     static let wholeChunk: UInt8 = 1
     static let someChunkPages: UInt8 = 2
+    /// Header fields written on their own.
+    static let flagsAt = 8
+    static let sizeAt = 24
+    static let baseReachAt = 72
     static let hasBase: UInt64 = 1
     static let finished: UInt64 = 2
     /// Format 4: an fsync made the copy durable since its base (recovery makes it current).
@@ -92,7 +101,6 @@ enum WorkMap {
         return out
     }
 
-
     static func header(ino: InodeNumber, base: VersionID?, size: UInt64, boot: [UInt8]) -> [UInt8] {
         var out = magic
         withUnsafeBytes(of: (base == nil ? 0 : hasBase).littleEndian) { out.append(contentsOf: $0) }
@@ -115,7 +123,7 @@ enum WorkMap {
         }
         let flags = (hasBase ? WorkMap.hasBase : 0) | (mtime != nil ? WorkMap.finished : 0) | (synced ? WorkMap.synced : 0)
         try withUnsafeBytes(of: flags.littleEndian) { (raw) throws(StoreError) in
-            try pwriteFully(mapFD, raw, at: 8, path: mapPath)
+            try pwriteFully(mapFD, raw, at: flagsAt, path: mapPath)
         }
     }
 
@@ -434,14 +442,16 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         guard n == bytes.count, let header = WorkMap.parse(bytes), header.ino == 0 || header.ino == ino else {
             close(mapFD); return nil
         }
+        let intact = currentBootID != nil && header.boot == currentBootID
+        // A synced copy the machine stopped under: only the states its last sync made durable.
+        let half = header.synced && !intact ? WorkMap.syncedHalf : 0
         /// The chunks below `size` whose mark is `state`.
         func marked(_ state: UInt8, below size: UInt64) -> [Int] {
             let chunks = Int((size + UInt64(chunkSize) - 1) / UInt64(chunkSize))
-            let recorded = max(0, bytes.count - header.chunksAt + header.slotSize - 1) / header.slotSize
-            return (0..<min(chunks, recorded)).filter { bytes[header.chunksAt + $0 * header.slotSize] == state }
+            let recorded = max(0, bytes.count - header.chunksAt - half + header.slotSize - 1) / header.slotSize
+            return (0..<min(chunks, recorded)).filter { bytes[header.chunksAt + $0 * header.slotSize + half] == state }
         }
         func dirtyBelow(_ size: UInt64) -> [Int] { marked(WorkMap.wholeChunk, below: size) }
-        let intact = currentBootID != nil && header.boot == currentBootID
         guard let copyID = header.copyID else {
             guard hasData else { close(mapFD); return nil }
             return recoverSingleFile(ino, in: folder, mapFD: mapFD, header: header, dirtyBelow: dirtyBelow, intact: intact)
@@ -462,7 +472,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         var partial: [Int: PageSet] = [:]
         if header.slotSize == WorkMap.slotSize {
             for index in marked(WorkMap.someChunkPages, below: size) {
-                let at = header.chunksAt + index * header.slotSize + 32
+                let at = header.chunksAt + index * header.slotSize + half + WorkMap.pagesAt
                 let pages = PageSet(bytes[at..<min(bytes.count, at + 32)])
                 if !pages.isEmpty { partial[index] = pages }
             }

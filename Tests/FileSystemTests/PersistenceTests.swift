@@ -442,6 +442,28 @@ final class PersistenceTests: XCTestCase {
         }
     }
 
+    /// A synced copy whose base version left the history (a power cut lost its content) is not
+    /// trusted to be the file: the pages it does not hold have nothing to come from. It becomes
+    /// a side version.
+    func testASyncedCopyWhoseBaseIsGoneIsASideVersion() throws {
+        let store = makeMemoryStore()
+        var ino: UInt64 = 0
+        let base = pattern(2 * pageSize, seed: 8)
+        do {
+            let fs = try openFS(store)
+            ino = try fs.makeFile(try fs.ino("SugoiApp"), "db", base)
+            let h = try fs.open(ino, flags: O_RDWR)
+            try fs.put(h, b("page one"), at: UInt64(pageSize))
+            try fs.fsync(handle: h, dataOnly: false)
+            // killed; the base then leaves the history
+            let version = try XCTUnwrap(store.metadata.versions(of: ino).first)
+            _ = try store.metadata.commit(Batch([.deleteVersion(version.id)]), durable: true)
+        }
+        let fs = try openFS(store)
+        XCTAssertEqual(try store.metadata.versions(of: ino).map(\.origin), [.recovered], "kept beside, not made current")
+        XCTAssertEqual(try fs.names("SugoiApp"), ["db"], "no conflict copy beside it")
+    }
+
     /// The embedded store keeps an fsync'd working copy's mark: after a kill the copy (held in
     /// pages of a big file) is the current version, and its publish at close is durable.
     func testAnFsyncedWorkingCopyIsCurrentAfterAKillInTheEmbeddedStore() throws {

@@ -362,6 +362,38 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(found.map(\.modified), [42])
     }
 
+    /// A copy an fsync marked synced: after a kill its live marks hold (the page cache kept
+    /// every byte); on a new boot only the marks its last sync made durable, written after the
+    /// chunk files' fdatasync (a mark written later may be on the disk before its bytes).
+    func testASyncedCopyOnANewBootHasOnlyItsSyncedMarks() throws {
+        do {
+            let file = try fixture.open().work.create(ino: 6)
+            try file.setBase(nil, size: UInt64(3 * chunkSize))
+            try writeWork(file, [UInt8](repeating: 7, count: 3 * pageSize), at: 0)
+            try file.markPages(0, PageSet(touching: 0, pageSize))
+            try file.markDirty(1)
+            XCTAssertTrue(try file.markSynced())
+            try file.sync()
+            // After the fsync: more pages of chunk 0, and chunk 2 made whole, never synced.
+            try file.markPages(0, PageSet(touching: 0, 3 * pageSize))
+            try file.markDirty(2)
+        }
+        let leftover = try XCTUnwrap(try fixture.open().work.leftovers().first)
+        XCTAssertTrue(leftover.intact && leftover.synced)
+        XCTAssertEqual(leftover.partialChunks, [0: PageSet(touching: 0, 3 * pageSize)])
+        XCTAssertEqual(leftover.dirtyChunks, [1, 2])
+        let map = try XCTUnwrap((leftover.file as? ChunkedWorkFile)?.mapFilePath)
+        let fd = open(map, O_WRONLY)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        XCTAssertEqual(pwrite(fd, [UInt8](repeating: 0x5A, count: 16), 16, 32), 16)   // another boot id
+        close(fd)
+        let found = try XCTUnwrap(try fixture.open().work.leftovers().first)
+        XCTAssertFalse(found.intact)
+        XCTAssertTrue(found.synced)
+        XCTAssertEqual(found.partialChunks, [0: PageSet(touching: 0, pageSize)], "the pages as of the sync")
+        XCTAssertEqual(found.dirtyChunks, [1])
+    }
+
     /// Every file and folder of the store, with its permission bits.
     private func modes(under root: String) throws -> [String: Int] {
         var out: [String: Int] = [:]
