@@ -196,15 +196,13 @@ public struct PageSet: Sendable, Hashable {
     /// From its 32-byte little-endian form (as a map stores it).
     public init(_ bytes: some Collection<UInt8>) {
         for (i, byte) in bytes.prefix(Self.count / 8).enumerated() {
-            for bit in 0..<8 where byte & (1 << bit) != 0 { insert(i * 8 + bit) }
+            setWord(i / 8, word(i / 8) | UInt64(byte) << UInt64(i % 8 * 8))
         }
     }
 
     /// The 32-byte little-endian form.
     public var bytes: [UInt8] {
-        (0..<(Self.count / 8)).map { i in
-            (0..<8).reduce(UInt8(0)) { contains(i * 8 + $1) ? $0 | UInt8(1 << $1) : $0 }
-        }
+        (0..<(Self.count / 8)).map { i in UInt8(truncatingIfNeeded: word(i / 8) >> UInt64(i % 8 * 8)) }
     }
 
     private func word(_ i: Int) -> UInt64 {

@@ -391,15 +391,18 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
 
     /// Writes the synced halves of the slots changed since the last time (all the first time)
     /// and the synced mark. Caller made the chunk files durable; the map's sync follows.
-    private func writeSyncedHalves() throws(StoreError) {
-        let (owed, base, finished) = mutex.withLock { () -> ([(Int, [UInt8])], Bool, Bool) in
+    /// Returns whether it wrote anything (nothing when no slot changed since and the mark is on
+    /// the disk: a program rewriting the same pages pays one `fdatasync` per fsync, not two).
+    private func writeSyncedHalves() throws(StoreError) -> Bool {
+        let (owed, base, finished, marked) = mutex.withLock { () -> ([(Int, [UInt8])], Bool, Bool, Bool) in
             let slots = unsyncedSlots ?? dirty.union(heldPages.keys)
             let owed = slots.sorted().map { index in
                 (index, dirty.contains(index) ? Self.half(WorkMap.wholeChunk, PageSet())
                     : Self.half(heldPages[index] != nil ? WorkMap.someChunkPages : 0, heldPages[index] ?? PageSet()))
             }
-            return (owed, hasBase, finishedMark)
+            return (owed, hasBase, finishedMark, syncedMark)
         }
+        if owed.isEmpty && marked { return false }
         for (index, half) in owed {
             try pwriteFully(mapFD, half, at: markOffset(index) + WorkMap.syncedHalf, path: mapPath)
         }
@@ -412,8 +415,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             let written = Set(owed.map(\.0))
             unsyncedSlots = (unsyncedSlots ?? []).subtracting(written)
             syncedMark = true
-            mapChanged = true
         }
+        return true
     }
 
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
@@ -457,10 +460,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 try fdatasyncChecked(d.fd, path: path(index))
             }
             var mapOwed = map
-            if mutex.withLock({ syncRequested }) {
-                try writeSyncedHalves()
-                mapOwed = true
-            }
+            if mutex.withLock({ syncRequested }), try writeSyncedHalves() { mapOwed = true }
             if mapOwed { try fdatasyncChecked(mapFD, path: mapPath) }
             if mutex.withLock({ needsDirectorySync }) {
                 try fsyncDirectory(folder)

@@ -362,6 +362,24 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(found.map(\.modified), [42])
     }
 
+    /// A page set's 32 bytes, as a map stores them: page p is bit p % 8 of byte p / 8.
+    func testAPageSetRoundTripsThroughItsBytes() {
+        var pages = PageSet()
+        for p in [0, 7, 8, 63, 64, 130, 255] { pages.insert(p) }
+        let bytes = pages.bytes
+        XCTAssertEqual(bytes.count, 32)
+        XCTAssertEqual(bytes[0], 0b1000_0001)
+        XCTAssertEqual(bytes[1], 1)
+        XCTAssertEqual(bytes[7], 0x80)
+        XCTAssertEqual(bytes[8], 1)
+        XCTAssertEqual(bytes[16], 0b100)
+        XCTAssertEqual(bytes[31], 0x80)
+        XCTAssertEqual(PageSet(bytes), pages)
+        XCTAssertEqual((0..<PageSet.count).filter(PageSet(bytes).contains), [0, 7, 8, 63, 64, 130, 255])
+        XCTAssertTrue(PageSet(touching: 0, chunkSize).isFull)
+        XCTAssertEqual(PageSet(touching: 4095, 4097), { var p = PageSet(); p.insert(0); p.insert(1); return p }())
+    }
+
     /// A copy an fsync marked synced: after a kill its live marks hold (the page cache kept
     /// every byte); on a new boot only the marks its last sync made durable, written after the
     /// chunk files' fdatasync (a mark written later may be on the disk before its bytes).
