@@ -464,6 +464,19 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         }
     }
 
+    /// Whether the kernel may keep `folder`'s listing from one opendir to the next. Only for a
+    /// folder of the namespace: the kernel drops the listing itself when a name changes through
+    /// this mount, and every name that changes otherwise invalidates the folder (as for
+    /// negative entries above). Never the mount root or the desktop trash's folders, whose
+    /// listings are worked out, and change with no change to them.
+    public func listingMayBeCached(_ folder: UInt64) -> Bool {
+        guard folder != Self.rootID, trashNode(folder) == nil else { return false }
+        return ns.read {
+            guard case .node(let dir)? = try? target(folder) else { return false }
+            return dir.kind == .directory && visible(dir)
+        }
+    }
+
     private func parentAttributes(_ t: Target) throws -> Attributes {
         switch t {
         case .root: return rootAttributes()
@@ -989,6 +1002,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     public func getxattr(_ ino: UInt64, name: [UInt8]) throws(FSError) -> [UInt8] {
         try typed {
+            // Other namespaces are not supported, as setxattr says. ENODATA here would tell
+            // `ls -l` to ask again for every file (two round trips each, for the SELinux label
+            // and the ACL: half of a cold listing); EOPNOTSUPP lets it stop asking this mount.
+            guard name.starts(with: Self.userPrefix) else {
+                throw FSError(EOPNOTSUPP, "only user.* extended attributes are supported").routine()
+            }
             if trashNode(ino) != nil { throw FSError(ENODATA, "no such attribute") }
             if ino == Self.rootID && name == Self.pidAttribute { return Array(String(getpid()).utf8) }
             if ino == Self.rootID && name == Self.storeAttribute && !storeLocation.isEmpty { return Array(storeLocation.utf8) }

@@ -625,6 +625,11 @@ func makeOperations() -> fuse_lowlevel_ops {
         let r = Request(req), fs = r.fs
         guard let fi else { r.error(EINVAL); return }
         do throws(FSError) { fi.pointee.fh = try fs.opendir(ino) } catch { r.fail("opendir", ino, error); return }
+        // The kernel keeps the listing (`git status` lists every folder of a checkout each time).
+        if r.bridge.cacheSeconds > 0, fs.listingMayBeCached(ino) {
+            fi.pointee.cache_readdir = 1
+            fi.pointee.keep_cache = 1
+        }
         r.opened(fi) { fs.releasedir(handle: fi.pointee.fh) }
     }
 

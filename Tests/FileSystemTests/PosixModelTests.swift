@@ -655,6 +655,7 @@ final class PosixModelTests: XCTestCase {
         for name in ["trusted.x", "security.selinux", "system.posix_acl_access", "other"] {
             assertErrno(EOPNOTSUPP, try fs.setxattr(f, name: b(name), value: b("v"), flags: 0), "setxattr \(name)")
             assertErrno(EOPNOTSUPP, try fs.removexattr(f, name: b(name)), "removexattr \(name)")
+            assertErrno(EOPNOTSUPP, try fs.getxattr(f, name: b(name)), "getxattr \(name)")
         }
         assertErrno(ERANGE, try fs.setxattr(f, name: b("user." + String(repeating: "n", count: 251)), value: [], flags: 0),
                     "name over 255 bytes")

@@ -275,6 +275,18 @@ final class PosixTests: MountTestCase {
         assertSucceeds("mkdir") { mkdir(dir + "/folder", 0o755) }
         assertSucceeds("setxattr on a folder") { Posix.setxattr(dir + "/folder", "user.k", "v") }
         XCTAssertEqual(try Posix.getxattr(dir + "/folder", "user.k").get(), "v")
+        // Other namespaces are not supported, read or written: `ls -l` then stops asking this
+        // mount for SELinux labels and ACLs, where ENODATA would make it ask for every file.
+        for name in ["security.selinux", "system.posix_acl_access", "system.posix_acl_default", "trusted.x"] {
+            XCTAssertEqual(Posix.getxattr(dir + "/folder", name).failure, Errno(EOPNOTSUPP), name)
+            XCTAssertEqual(Posix.getxattr(path, name).failure, Errno(EOPNOTSUPP), name)
+        }
+        for i in 0..<10 { XCTAssertEqual(Posix.writeFile(dir + "/folder/f\(i)", ""), 0) }
+        let ls = Command.run(["strace", "-e", "trace=lgetxattr,getxattr", "ls", "-l", dir + "/folder"])
+        XCTAssertTrue(ls.succeeded, "\(ls)")
+        XCTAssertEqual(ls.stdout.split(separator: "\n").count, 11, ls.stdout)
+        XCTAssertLessThanOrEqual(ls.stderr.components(separatedBy: "getxattr(").count - 1, 3,
+                                 "ls -l of 10 files asks once for each kind, not per file: \(ls.stderr)")
     }
 
     func testFifoAndSocketNodes() throws {

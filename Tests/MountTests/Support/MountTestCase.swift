@@ -316,14 +316,19 @@ class MountTestCase: XCTestCase {
         for name in ["Report.txt", "Drafts", "link"] { XCTAssertFalse(Posix.exists(b + "/" + name), name, file: file, line: line) }
         XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "from A\n"), 0, file: file, line: line)
         eventually("a new file", file: file, line: line) { Posix.readText(b + "/Report.txt") == "from A\n" }
+        // The kernel keeps a folder's listing from one opendir to the next: it must be told too.
+        eventually("a new file listed", file: file, line: line) { ls(b) == ["Report.txt"] }
         XCTAssertEqual(Posix.writeFile(a + "/Report.txt", "changed on A\n"), 0, file: file, line: line)
         eventually("new content", file: file, line: line) { Posix.readText(b + "/Report.txt") == "changed on A\n" }
         assertSucceeds("mkdir", file: file, line: line) { mkdir(a + "/Drafts", 0o755) }
         eventually("a folder", file: file, line: line) { Posix.isDirectory(b + "/Drafts") }
+        eventually("a folder listed", file: file, line: line) { ls(b) == ["Drafts", "Report.txt"] }
+        XCTAssertEqual(ls(b + "/Drafts"), [], file: file, line: line)
         assertSucceeds("rename", file: file, line: line) { rename(a + "/Report.txt", a + "/Drafts/Final.txt") }
         eventually("a rename", file: file, line: line) {
             !Posix.exists(b + "/Report.txt") && Posix.readText(b + "/Drafts/Final.txt") == "changed on A\n"
         }
+        eventually("a rename listed", file: file, line: line) { ls(b) == ["Drafts"] && ls(b + "/Drafts") == ["Final.txt"] }
         assertSucceeds("chmod", file: file, line: line) { chmod(a + "/Drafts/Final.txt", 0o600) }
         eventually("a chmod", file: file, line: line) { Posix.stat(b + "/Drafts/Final.txt").map { $0.st_mode & 0o777 } == 0o600 }
         assertSucceeds("setxattr", file: file, line: line) { Posix.setxattr(a + "/Drafts/Final.txt", "user.tag", "blue") }
