@@ -9,8 +9,9 @@
   crashload.py state DIR                    print what every file in DIR holds
 
 Each worker owns its own files in DIR and does, at random: writes that end with fsync, writes
-that end with close, appends, truncates, atomic saves (a temporary file renamed over the
-file), renames, deletes and extended attributes. Before each operation it logs what it is
+that end with close, appends, truncates, patches (a few rewrites of a page of the open file,
+each followed by an fsync, each logged as an operation of its own), atomic saves (a temporary file renamed
+over the file), renames, deletes and extended attributes. Before each operation it logs what it is
 about to do and the state it leaves, and after it that it is done; the log (outside the
 filesystem under test) is fsync'ed at each line. An operation that fails for any reason but
 the filesystem going away is logged, and fails the check. After a kill, every file must hold exactly what its last finished
@@ -83,12 +84,43 @@ def work(root, log, seed, w, stop):
         finally:
             os.close(fd)
 
+    def patch(n, op):
+        """Writes into the open file, an fsync after each: the later ones sync what they wrote
+        alone (a working copy's page log). Each rewrites one 4 KiB page (or the file's tail)
+        in place: after a power cut before its fsync, the page is as before it or as after it,
+        as a disk keeps a page, where a write across pages could be half there."""
+        nonlocal state
+        if not contents[n]:
+            return op
+        fd = os.open(path(n), os.O_WRONLY)
+        try:
+            for _ in range(rng.randint(2, 4)):
+                old = contents[n]
+                at = rng.randrange(0, len(old)) // 4096 * 4096
+                piece = rng.randbytes(min(4096, len(old) - at))
+                new = old[:at] + piece + old[at + len(piece):]
+                after = dict(state)
+                after[n] = [digest(new), state[n][1]]
+                log.write({"w": w, "op": op, "begin": "patch", "name": n, "before": {n: state[n]}, "after": {n: after[n]}})
+                os.pwrite(fd, piece, at)
+                os.fsync(fd)
+                contents[n] = new
+                state = after
+                log.write({"w": w, "op": op, "end": "patch"})
+                op += 1
+        finally:
+            os.close(fd)
+        return op
+
     while not os.path.exists(stop):
         op += 1
         n = rng.choice(names)
         present = state[n] is not None
-        kind = rng.choice(["fsync", "close", "append", "truncate", "save", "rename", "delete", "xattr"]
+        kind = rng.choice(["fsync", "close", "append", "truncate", "patch", "save", "rename", "delete", "xattr"]
                           if present else ["fsync", "close", "save"])
+        if kind == "patch":
+            op = patch(n, op)
+            continue
         after = dict(state)
         size = rng.choice([0, 10, 4096, 70_000, 1_100_000])
         data = rng.randbytes(size)
@@ -203,8 +235,8 @@ def check(root, log_path, power=False):
             elif begun.get(r["w"], {}).get("op") == r["op"]:
                 r = begun.pop(r["w"])
                 finished.update(r["after"])
-                if r["begin"] == "fsync":
-                    floor[r["name"]] = max(i for i, (kind, _, _) in enumerate(history[r["name"]]) if kind == "fsync")
+                if r["begin"] in ("fsync", "patch"):
+                    floor[r["name"]] = max(i for i, (kind, _, _) in enumerate(history[r["name"]]) if kind in ("fsync", "patch"))
                 done += 1
     open_ops = list(begun.values())
     loose = {m for r in open_ops for m in r["after"]}

@@ -7,6 +7,7 @@
 //                               72  u64 how much of the base it still shows: its least size
 //                                   since `setBase` (a truncate below, then a growth, shows zeros
 //                                   there, not the base's bytes)
+//                               80  u64 the page log's epoch (0: none; `setBase` clears it)
 //                             flags bit 2: an fsync made it durable (`markSynced`), written by
 //                             `sync` after the chunk files' fdatasync; then from byte 128 a
 //                             128-byte slot per chunk, two halves of 64: the state now and the
@@ -20,6 +21,8 @@
 //   <ino>.<copy id>.<index>   chunk `index`'s bytes from the chunk's start; a file shorter than
 //                             the chunk reads as zeros past its end; of a chunk held in pages,
 //                             only those pages mean anything
+//   <ino>.<copy id>.log       a synced copy's page log (PageLog.swift): the pages each fsync
+//                             after the first made durable; its epoch is the map's at 80
 //
 // The logical size is the header's (`setBase`, `truncate`) or the end of the furthest chunk
 // file, whichever is larger: a write past the end extends a chunk file, not the map. A chunk
@@ -98,12 +101,22 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     private var dataEnd: UInt64
     /// The working copy's logical size. Caller holds mutex.
     private var logicalSize: UInt64 { max(headerSize, dataEnd) }
+    /// Pages written since the last sync, by chunk: what the next log batch holds.
+    private var writtenPages: [Int: PageSet] = [:]
+    /// The page log, made by the first full sync of a synced copy (-1 before), its length, and
+    /// the epoch of its batches in the map (0: none yet).
+    private var logFD: Int32 = -1
+    private var logEnd = 0
+    private var logEpoch: UInt64 = 0
+    /// A truncate since the last full sync: a batch cannot say it, so the next sync is full.
+    private var logBlocked = false
     /// Chunk files kept open at once (a sequential writer needs one, a random one a few).
     static let openLimit = 8
 
     init(ino: InodeNumber, folder: String, copyID: UInt64, mapFD: Int32, mapPath: String, dirty: Set<Int>,
          files: Set<Int>, newlyCreated: Bool, base: VersionID?, size: UInt64, dataEnd: UInt64 = 0, paged: Bool,
-         baseReach: UInt64?, finished: Bool = false, synced: Bool = false, reserve: SpaceReserve?, spares: SpareMaps? = nil) {
+         baseReach: UInt64?, finished: Bool = false, synced: Bool = false, reserve: SpaceReserve?, spares: SpareMaps? = nil,
+         log: (fd: Int32, end: Int, epoch: UInt64)? = nil) {
         self.ino = ino; self.folder = folder; self.copyID = copyID
         self.mapFD = mapFD; self.mapPath = mapPath
         self.dirty = dirty; self.files = files
@@ -119,9 +132,19 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.dataEnd = dataEnd
         self.reserve = reserve
         self.spares = spares
+        if let log { (logFD, logEnd, logEpoch) = log }
     }
 
-    deinit { close(mapFD) }
+    deinit {
+        close(mapFD)
+        if logFD >= 0 { close(logFD) }
+    }
+
+    var logPath: String { folder + "/" + Self.logName(ino: ino, copyID: copyID) }
+
+    static func logName(ino: InodeNumber, copyID: UInt64) -> String {
+        "\(ino).\(String(copyID, radix: 16)).log"
+    }
 
     static func chunkName(ino: InodeNumber, copyID: UInt64, index: Int) -> String {
         "\(ino).\(String(copyID, radix: 16)).\(index)"
@@ -235,7 +258,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             _ = retryEINTR { unlink(temp) }
             throw error
         }
-        mutex.withLock { needsDirectorySync = true }
+        // A new file in its place, none of it synced: the next sync is a full one.
+        mutex.withLock {
+            needsDirectorySync = true
+            logBlocked = true
+        }
     }
 
     /// Calls `body` for each piece of [offset, offset + count) within one chunk: its index, the
@@ -276,6 +303,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             try pwriteFully(d.fd, UnsafeRawBufferPointer(rebasing: bytes[range]), at: within, path: path(index))
             mutex.withLock {
                 unsynced.insert(index)
+                writtenPages[index, default: PageSet()].formUnion(PageSet(touching: within, within + range.count))
                 dataEnd = max(dataEnd, UInt64(index * chunkSize + within + range.count))
             }
             return true
@@ -303,6 +331,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             headerSize = UInt64(size)
             if let reach { baseReach = reach }
             mapChanged = true
+            logBlocked = true
         }
     }
 
@@ -421,8 +450,10 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
 
     public func setBase(_ base: VersionID?, size: UInt64) throws(StoreError) {
         guard size <= UInt64(Int64.max) else { throw StoreError(errno: EFBIG, "set base \(mapPath): size \(size)") }
+        // Format 4 with the log's epoch cleared: the log's batches were of the content before.
         let header = paged
             ? WorkMap.pagedHeader(ino: ino, base: base, size: size, boot: currentBootID ?? [], copyID: copyID, baseReach: size)
+                + [UInt8](repeating: 0, count: 8)
             : WorkMap.chunkedHeader(ino: ino, base: base, size: size, boot: currentBootID ?? [], copyID: copyID)
         try pwriteFully(mapFD, header, at: 0, path: mapPath)
         try cutFiles(to: Int(size))
@@ -436,6 +467,9 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             heldPages = [:]
             unsyncedSlots = nil
             mapChanged = true
+            writtenPages = [:]
+            logBlocked = true
+            logEpoch = 0
         }
     }
 
@@ -449,6 +483,18 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     }
 
     public func sync() throws(StoreError) {
+        if try syncThroughLog() { return }
+        // The log is made by a synced copy's first full sync, so that its name is durable when
+        // the next fsync relies on it.
+        if mutex.withLock({ paged && syncRequested && logFD < 0 }) {
+            let fd = retryEINTR { Glibc.open(logPath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+            if fd < 0 { throw systemError("create", logPath, errno) }
+            mutex.withLock {
+                logFD = fd
+                logEnd = 0
+                needsDirectorySync = true
+            }
+        }
         let (indexes, map) = mutex.withLock { () -> ([Int], Bool) in
             defer { unsynced = []; mapChanged = false }
             return (Array(unsynced), mapChanged)
@@ -459,12 +505,34 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 guard let d = try reader(index) else { continue }
                 try fdatasyncChecked(d.fd, path: path(index))
             }
-            var mapOwed = map
-            if mutex.withLock({ syncRequested }), try writeSyncedHalves() { mapOwed = true }
-            if mapOwed { try fdatasyncChecked(mapFD, path: mapPath) }
+            // The names before the map vouches for what they hold.
             if mutex.withLock({ needsDirectorySync }) {
                 try fsyncDirectory(folder)
                 mutex.withLock { needsDirectorySync = false }
+            }
+            var mapOwed = map
+            let requested = mutex.withLock { syncRequested }
+            if requested, try writeSyncedHalves() { mapOwed = true }
+            let (epoch, logged, fd) = mutex.withLock { (logEpoch, logEnd, logFD) }
+            if requested && logged > 0 {
+                // The log's batches are in the chunk files and the synced halves now: once those
+                // are durable, a new epoch retires the batches (they may hold older bytes than
+                // the chunk files do), and the log starts over.
+                try fdatasyncChecked(mapFD, path: mapPath)
+                try writeLogEpoch()
+                try fdatasyncChecked(mapFD, path: mapPath)
+                if retryEINTR({ ftruncate(fd, 0) }) != 0 { throw systemError("truncate", logPath, errno) }
+                mutex.withLock { logEnd = 0 }
+            } else {
+                if requested && epoch == 0 {
+                    try writeLogEpoch()
+                    mapOwed = true
+                }
+                if mapOwed { try fdatasyncChecked(mapFD, path: mapPath) }
+            }
+            mutex.withLock {
+                writtenPages = [:]
+                logBlocked = false
             }
         } catch {
             mutex.withLock {
@@ -473,6 +541,64 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             }
             throw error
         }
+    }
+
+    /// A new epoch for the page log's batches, in the map. Caller syncs the map.
+    private func writeLogEpoch() throws(StoreError) {
+        let old = mutex.withLock { logEpoch }
+        var epoch: UInt64 = 0
+        while epoch == 0 || epoch == old { epoch = UInt64.random(in: 1...UInt64.max) }
+        try withUnsafeBytes(of: epoch.littleEndian) { (raw) throws(StoreError) in
+            try pwriteFully(mapFD, raw, at: WorkMap.logEpochAt, path: mapPath)
+        }
+        mutex.withLock { logEpoch = epoch }
+    }
+
+    /// An fsync of a synced copy after its first, of at most a batch of pages: the pages go to
+    /// the page log in one batch, and only the log is synced. The chunk files stay owed to the
+    /// next full sync (which makes them durable before the log's batches retire), as do the
+    /// map's changes (a batch says the pages and the size). False: a full sync is needed.
+    private func syncThroughLog() throws(StoreError) -> Bool {
+        let plan = mutex.withLock { () -> (fd: Int32, end: Int, epoch: UInt64, size: UInt64, pages: [(Int, Int)])? in
+            guard paged, syncRequested, syncedMark, !logBlocked, logFD >= 0, logEpoch != 0 else { return nil }
+            var pages: [(Int, Int)] = []
+            for index in writtenPages.keys.sorted() {
+                let set = writtenPages[index]!
+                for page in 0..<PageSet.count where set.contains(page) { pages.append((index, page)) }
+                if pages.count > PageLog.batchPages { return nil }
+            }
+            guard logEnd + PageLog.batchBytes(pages.count) <= PageLog.limit else { return nil }
+            return (logFD, logEnd, logEpoch, logicalSize, pages)
+        }
+        guard let plan else { return false }
+        if plan.pages.isEmpty { return true }   // nothing written since the last sync
+        var pages: [PageLog.Page] = []
+        pages.reserveCapacity(plan.pages.count)
+        for (index, page) in plan.pages {
+            let start = UInt64(index * chunkSize + page * pageSize)
+            guard start < plan.size else { continue }
+            var bytes = [UInt8](repeating: 0, count: Int(min(UInt64(pageSize), plan.size - start)))
+            if let d = try reader(index) {
+                let failure: StoreError? = bytes.withUnsafeMutableBytes { raw in
+                    do throws(StoreError) {
+                        _ = try preadFully(d.fd, raw, at: page * pageSize, path: path(index))
+                        return nil
+                    } catch {
+                        return error
+                    }
+                }
+                if let failure { throw failure }
+            }
+            pages.append(PageLog.Page(chunk: index, page: page, bytes: bytes))
+        }
+        let batch = PageLog.encode(epoch: plan.epoch, size: plan.size, pages: pages)
+        try pwriteFully(plan.fd, batch, at: plan.end, path: logPath)
+        try fdatasyncChecked(plan.fd, path: logPath)
+        mutex.withLock {
+            logEnd = plan.end + batch.count
+            writtenPages = [:]
+        }
+        return true
     }
 
     public func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? {
@@ -484,9 +610,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             if retryEINTR({ ftruncate(d.fd, off_t(length)) }) != 0 { throw systemError("truncate", path(index), errno) }
             mutex.withLock { dataEnd = max(dataEnd, UInt64(index * chunkSize + length)) }
         }
-        // From here the file may be a blob as well: any later change copies it first.
+        // From here the file may be a blob as well: any later change copies it first. Its
+        // length may have changed here, which no log batch says: the next sync is a full one.
         let dropped = mutex.withLock { () -> ChunkDescriptor? in
             lent.insert(index)
+            logBlocked = true
             return uncache(index)
         }
         withExtendedLifetime(dropped) {}
@@ -496,7 +624,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     public func remove() {
         // The map first: without it (or emptied, as a spare) recovery sees no working copy, and
         // takes chunk files with no map for leftovers.
-        let kept = spares?.keep(map: (mapFD, mapPath)) ?? false
+        // A synced copy's map is not reused: were its emptying lost to a power cut while the
+        // name change stayed, a later copy of the same file would come back as this one (synced,
+        // claiming chunk files that are gone), as a conflict with what it became.
+        let synced = mutex.withLock { syncedMark || syncRequested }
+        let kept = synced ? false : spares?.keep(map: (mapFD, mapPath)) ?? false
         if !kept {
             var mine = stat(), named = stat()
             if fstat(mapFD, &mine) == 0, stat(mapPath, &named) == 0, mine.st_dev == named.st_dev, mine.st_ino == named.st_ino {
@@ -510,6 +642,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         withExtendedLifetime(dropped) {}   // closed here, not under the lock
         // Names of this copy's own (its id is in them); a published chunk lives on as its blob.
         for index in indexes { _ = retryEINTR { unlink(path(index)) } }
+        _ = retryEINTR { unlink(logPath) }
         // A synced copy's map must not come back after a power cut: recovery would publish it
         // again, over the version it became, as a conflict.
         if mutex.withLock({ syncedMark }) { try? fsyncDirectory(folder) }

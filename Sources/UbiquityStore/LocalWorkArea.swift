@@ -60,6 +60,9 @@ enum WorkMap {
     static let flagsAt = 8
     static let sizeAt = 24
     static let baseReachAt = 72
+    /// Format 4: the page log's epoch (PageLog.swift), 0 while it has none; past the 80 bytes
+    /// `pagedHeader` writes, so a map made without it reads 0.
+    static let logEpochAt = 80
     static let hasBase: UInt64 = 1
     static let finished: UInt64 = 2
     /// Format 4: an fsync made the copy durable since its base (recovery makes it current).
@@ -83,6 +86,8 @@ enum WorkMap {
         var slotSize = 1
         /// Format 4: how much of the base the copy still shows (`RecoveredWork.baseReach`).
         var baseReach: UInt64?
+        /// Format 4: the epoch of the page log's batches that count (0: none do).
+        var logEpoch: UInt64 = 0
     }
 
     /// A format-3 header: the format-2 fields and the copy id at 64 (for copies recovered in it).
@@ -143,10 +148,14 @@ enum WorkMap {
             let ino = current ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 56, as: UInt64.self)) : 0
             let copyID = chunked ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 64, as: UInt64.self)) : nil
             let reach = paged ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: 72, as: UInt64.self)) : nil
-            return Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
+            let epoch = paged && raw.count >= logEpochAt + 8
+                ? UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: logEpochAt, as: UInt64.self)) : 0
+            var header = Header(base: flags & hasBase != 0 ? base : nil, size: size, finished: flags & finished != 0,
                           synced: flags & synced != 0, finishedMtime: mtime, boot: current ? Array(bytes[32..<48]) : [], ino: ino,
                           chunksAt: paged ? slotsAt : chunked ? chunkedHeaderSize : current ? headerSize : oldHeaderSize,
                           copyID: copyID, slotSize: paged ? slotSize : 1, baseReach: reach)
+            header.logEpoch = epoch
+            return header
         }
     }
 }
@@ -359,7 +368,8 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         for (folder, lock) in folders {
             if let names = try? FileManager.default.contentsOfDirectory(atPath: folder) {
-                for name in names where name == "lock" || name.hasSuffix(".data") || name.hasSuffix(".map") || Self.chunkFileName(name) != nil {
+                for name in names where name == "lock" || name.hasSuffix(".data") || name.hasSuffix(".map") || Self.chunkFileName(name) != nil
+                    || Self.logFileName(name) != nil {
                     _ = retryEINTR { unlink(folder + "/" + name) }
                 }
             }
@@ -383,6 +393,56 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         return (ino, copyID, index)
     }
 
+    /// A synced copy's page log name: `<ino>.<copy id, hex>.log`.
+    static func logFileName(_ name: String) -> (ino: InodeNumber, copyID: UInt64)? {
+        let parts = name.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[2] == "log", let ino = InodeNumber(parts[0]), let copyID = UInt64(parts[1], radix: 16),
+              ChunkedWorkFile.logName(ino: ino, copyID: copyID) == name else { return nil }
+        return (ino, copyID)
+    }
+
+    /// Opens a copy's page log (to keep it until a full sync retires it) and, for a synced
+    /// copy the machine stopped under, writes the pages of its batches into the chunk files,
+    /// in order, and makes them durable: what the fsyncs after its first made durable. Returns
+    /// the pages written and the largest size a batch recorded. A page that cannot be written
+    /// back stays as the chunk file holds it.
+    private func applyLog(_ name: String?, of ino: InodeNumber, copyID: UInt64, in folder: String, header: WorkMap.Header,
+                          intact: Bool) -> (log: (fd: Int32, end: Int, epoch: UInt64)?, logged: (pages: [Int: PageSet], size: UInt64)) {
+        var logged: (pages: [Int: PageSet], size: UInt64) = ([:], 0)
+        guard let name else { return (nil, logged) }
+        let path = folder + "/" + name
+        let fd = retryEINTR { open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        var st = stat()
+        guard fd >= 0 else { return (nil, logged) }
+        guard fstat(fd, &st) == 0 else { close(fd); return (nil, logged) }
+        let log = (fd: fd, end: Int(st.st_size), epoch: header.logEpoch)
+        guard header.synced, !intact, header.logEpoch != 0, st.st_size > 0 else { return (log, logged) }
+        var bytes = [UInt8](repeating: 0, count: min(Int(st.st_size), PageLog.limit + PageLog.batchBytes(PageLog.batchPages)))
+        guard bytes.withUnsafeMutableBytes({ (try? preadFully(fd, $0, at: 0, path: path)) ?? -1 }) == bytes.count else {
+            return (log, logged)
+        }
+        var written: [Int: Int32] = [:]
+        defer { for d in written.values { close(d) } }
+        for batch in PageLog.decode(bytes, epoch: header.logEpoch) {
+            logged.size = max(logged.size, batch.size)
+            for page in batch.pages {
+                let chunkPath = folder + "/" + ChunkedWorkFile.chunkName(ino: ino, copyID: copyID, index: page.chunk)
+                if written[page.chunk] == nil {
+                    let d = retryEINTR { open(chunkPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+                    if d < 0 { continue }
+                    written[page.chunk] = d
+                }
+                guard let d = written[page.chunk], (try? pwriteFully(d, page.bytes, at: page.page * pageSize, path: chunkPath)) != nil else {
+                    continue
+                }
+                logged.pages[page.chunk, default: PageSet()].insert(page.page)
+            }
+        }
+        for d in written.values { _ = retryEINTR { fdatasync(d) } }
+        if !written.isEmpty { try? fsyncDirectory(folder) }
+        return (log, logged)
+    }
+
     /// Every valid working copy in `folder` (a map with its data file, or a chunked map with its
     /// chunk files); malformed, unpaired and unclaimed files are removed.
     private func scan(_ folder: String, keepingSpares: Bool = false) throws(StoreError) -> [RecoveredWork] {
@@ -394,6 +454,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         }
         var datas = Set<InodeNumber>(), maps = Set<InodeNumber>()
         var chunkFiles: [InodeNumber: [(copyID: UInt64, index: Int, name: String)]] = [:]
+        var logs: [InodeNumber: [(copyID: UInt64, name: String)]] = [:]
         for name in names {
             let path = folder + "/" + name
             var st = stat()
@@ -404,17 +465,21 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
                 maps.insert(ino)
             } else if let c = Self.chunkFileName(name) {
                 chunkFiles[c.ino, default: []].append((c.copyID, c.index, name))
+            } else if let l = Self.logFileName(name) {
+                logs[l.ino, default: []].append((l.copyID, name))
             } else if name != "lock" && !(keepingSpares && name.hasPrefix(SpareMaps.prefix)) {
                 _ = retryEINTR { unlink(path) }  // not ours
             }
         }
         var result: [RecoveredWork] = []
         for ino in maps.sorted() {
-            if let work = recover(ino, in: folder, hasData: datas.contains(ino), chunkFiles: chunkFiles[ino] ?? []) {
+            if let work = recover(ino, in: folder, hasData: datas.contains(ino), chunkFiles: chunkFiles[ino] ?? [],
+                                  logs: logs[ino] ?? []) {
                 result.append(work)
-                // Its own chunk files stay; another copy's of the same inode go below.
+                // Its own chunk files and log stay; another copy's of the same inode go below.
                 let own = (work.file as? ChunkedWorkFile)?.copyID
                 chunkFiles[ino]?.removeAll { $0.copyID == own }
+                logs[ino]?.removeAll { $0.copyID == own }
                 if own == nil { datas.remove(ino) }
             } else {
                 _ = retryEINTR { unlink(Self.mapPath(folder, ino)) }
@@ -423,13 +488,15 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         // Data files without a single-file map, chunk files no map claims: useless.
         for ino in datas { _ = retryEINTR { unlink(Self.dataPath(folder, ino)) } }
         for (_, files) in chunkFiles { for f in files { _ = retryEINTR { unlink(folder + "/" + f.name) } } }
+        for (_, files) in logs { for f in files { _ = retryEINTR { unlink(folder + "/" + f.name) } } }
         return result
     }
 
     /// Opens a leftover working copy whose map is `<ino>.map`; nil when malformed. A chunked
     /// map claims the chunk files of its copy id (the others are left for the caller to remove).
     private func recover(_ ino: InodeNumber, in folder: String, hasData: Bool,
-                         chunkFiles: [(copyID: UInt64, index: Int, name: String)]) -> RecoveredWork? {
+                         chunkFiles: [(copyID: UInt64, index: Int, name: String)],
+                         logs: [(copyID: UInt64, name: String)] = []) -> RecoveredWork? {
         let map = Self.mapPath(folder, ino)
         let mapFD = retryEINTR { open(map, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
         guard mapFD >= 0 else { return nil }
@@ -467,6 +534,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             if st.st_size > 0 { dataEnd = max(dataEnd, UInt64(f.index * chunkSize) + UInt64(st.st_size)) }
             newest = max(newest, Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec))
         }
+        let (log, logged) = applyLog(logs.first { $0.copyID == copyID }?.name, of: ino, copyID: copyID, in: folder,
+                                     header: header, intact: intact)
+        files.formUnion(logged.pages.keys)
+        // The size an fsync logged: what the chunk files hold may end before it.
+        dataEnd = max(dataEnd, logged.size)
         let size = max(header.size, dataEnd)
         let dirty = dirtyBelow(size)
         var partial: [Int: PageSet] = [:]
@@ -480,7 +552,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         let file = ChunkedWorkFile(ino: ino, folder: folder, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: Set(dirty),
                                    files: files, newlyCreated: false, base: header.base, size: header.size, dataEnd: dataEnd,
                                    paged: header.slotSize == WorkMap.slotSize, baseReach: header.baseReach,
-                                   finished: header.finished, synced: header.synced, reserve: reserve)
+                                   finished: header.finished, synced: header.synced, reserve: reserve, log: log)
+        // Pages the log made durable are the copy's, over the base's.
+        for (index, pages) in logged.pages where !dirty.contains(index) && UInt64(index * chunkSize) < size {
+            partial[index, default: PageSet()].formUnion(pages)
+        }
         var work = RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
                                  finished: header.finished, intact: intact, modified: header.finished ? header.finishedMtime : newest)
         work.partialChunks = partial

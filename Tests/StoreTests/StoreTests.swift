@@ -412,6 +412,139 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(found.dirtyChunks, [1])
     }
 
+    /// The size of the file at `path` (-1 when missing).
+    private func fileSize(_ path: String) -> Int {
+        var st = stat()
+        return stat(path, &st) == 0 ? Int(st.st_size) : -1
+    }
+
+    /// Makes the copy's map say another boot made it: a power cut, not a kill.
+    private func pretendAnotherBoot(_ map: String) {
+        let fd = open(map, O_WRONLY)
+        XCTAssertGreaterThanOrEqual(fd, 0)
+        XCTAssertEqual(pwrite(fd, [UInt8](repeating: 0x5A, count: 16), 16, 32), 16)
+        close(fd)
+    }
+
+    /// A synced copy's first fsync is a full sync, which makes its page log; each later fsync of
+    /// a few pages appends one batch to the log and syncs it alone (no slot's synced half is
+    /// written). After a power cut, recovery writes the batches' pages back into the chunk
+    /// files in order, and the copy is what the last fsync made it.
+    func testFsyncsAfterTheFirstAreLoggedAndComeBackAfterAPowerCut() throws {
+        var log = "", map = "", lostChunk = ""
+        do {
+            let file = try fixture.open().work.create(ino: 6)
+            try file.setBase(nil, size: 0)
+            try writeWork(file, [UInt8](repeating: 1, count: pageSize), at: 0)
+            try file.markDirty(0)
+            XCTAssertTrue(try file.markSynced())
+            try file.sync()
+            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            (log, map) = (chunked.logPath, chunked.mapFilePath)
+            lostChunk = (map as NSString).deletingLastPathComponent + "/" + ChunkedWorkFile.chunkName(ino: 6, copyID: chunked.copyID, index: 2)
+            XCTAssertEqual(fileSize(log), 0, "made by the first sync, empty")
+            try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
+            try writeWork(file, [UInt8](repeating: 2, count: 100), at: 2 * chunkSize + pageSize + 10)
+            try file.markDirty(2)
+            try file.sync()
+            XCTAssertEqual(fileSize(log), PageLog.batchBytes(2))
+            try writeWork(file, [UInt8](repeating: 3, count: pageSize), at: 0)
+            try file.sync()
+            XCTAssertEqual(fileSize(log), PageLog.batchBytes(2) + PageLog.batchBytes(1))
+            try file.sync()
+            XCTAssertEqual(fileSize(log), PageLog.batchBytes(2) + PageLog.batchBytes(1), "nothing written: nothing logged")
+            let bytes = try XCTUnwrap(FileManager.default.contents(atPath: map))
+            let synced = WorkMap.slotsAt + 2 * WorkMap.slotSize + WorkMap.syncedHalf
+            XCTAssertTrue(bytes.count <= synced || bytes[synced] == 0, "no full sync since the first")
+            // After the last fsync: not promised.
+            try writeWork(file, [UInt8](repeating: 4, count: 10), at: 5)
+        }
+        // The power cut: chunk 2's file never reached the disk.
+        XCTAssertEqual(unlink(lostChunk), 0)
+        pretendAnotherBoot(map)
+        let found = try XCTUnwrap(try fixture.open().work.leftovers().first)
+        XCTAssertFalse(found.intact)
+        XCTAssertTrue(found.synced)
+        XCTAssertEqual(found.size, UInt64(2 * chunkSize + pageSize + 110))
+        XCTAssertEqual(try readWork(found.file, at: 0, count: pageSize), [UInt8](repeating: 3, count: pageSize),
+                       "the later batch's page, not the write after it")
+        XCTAssertEqual(try readWork(found.file, at: 2 * chunkSize + pageSize, count: 110),
+                       [UInt8](repeating: 0, count: 10) + [UInt8](repeating: 2, count: 100))
+        XCTAssertEqual(found.dirtyChunks, [0])
+        XCTAssertEqual(found.partialChunks, [2: PageSet(touching: pageSize, pageSize + 1)], "the page its fsync logged")
+    }
+
+    /// Recovery applies batches while they are whole: a torn one (its checksum fails) and all
+    /// after it are left out.
+    func testATornBatchIsNotApplied() throws {
+        var log = "", map = ""
+        do {
+            let file = try fixture.open().work.create(ino: 6)
+            try file.setBase(nil, size: 0)
+            try writeWork(file, [UInt8](repeating: 1, count: 2 * pageSize), at: 0)
+            try file.markDirty(0)
+            XCTAssertTrue(try file.markSynced())
+            try file.sync()
+            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            (log, map) = (chunked.logPath, chunked.mapFilePath)
+            try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
+            try file.sync()
+            try writeWork(file, [UInt8](repeating: 3, count: pageSize), at: 0)
+            try writeWork(file, [UInt8](repeating: 3, count: pageSize), at: pageSize)
+            try file.sync()
+        }
+        // The second batch's last page is torn; chunk 0 lost its unsynced state on the disk.
+        let fd = open(log, O_WRONLY)
+        XCTAssertEqual(pwrite(fd, [0xEE], 1, off_t(fileSize(log) - 1)), 1)
+        close(fd)
+        pretendAnotherBoot(map)
+        let found = try XCTUnwrap(try fixture.open().work.leftovers().first)
+        XCTAssertEqual(try readWork(found.file, at: 0, count: pageSize), [UInt8](repeating: 2, count: pageSize), "the first batch only")
+    }
+
+    /// A full sync (an fsync of more pages than a batch holds) makes the chunk files and the
+    /// synced halves hold everything, then gives the map a new epoch and empties the log: the
+    /// old batches, had the emptying not reached the disk, are never applied over newer bytes.
+    func testAFullSyncRetiresTheLogsBatches() throws {
+        var log = "", map = "", stale: [UInt8] = []
+        do {
+            let file = try fixture.open().work.create(ino: 6)
+            try file.setBase(nil, size: 0)
+            try writeWork(file, [UInt8](repeating: 1, count: pageSize), at: 0)
+            try file.markDirty(0)
+            XCTAssertTrue(try file.markSynced())
+            try file.sync()
+            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            (log, map) = (chunked.logPath, chunked.mapFilePath)
+            try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
+            try file.sync()
+            stale = try XCTUnwrap(FileManager.default.contents(atPath: log).map { [UInt8]($0) })
+            XCTAssertEqual(stale.count, PageLog.batchBytes(1))
+            try writeWork(file, [UInt8](repeating: 7, count: (PageLog.batchPages + 44) * pageSize), at: 0)
+            try file.markDirty(1)
+            try file.sync()
+            XCTAssertEqual(fileSize(log), 0, "retired")
+        }
+        XCTAssertTrue(FileManager.default.createFile(atPath: log, contents: Data(stale)))
+        pretendAnotherBoot(map)
+        let found = try XCTUnwrap(try fixture.open().work.leftovers().first)
+        XCTAssertTrue(found.synced)
+        XCTAssertEqual(found.dirtyChunks, [0, 1])
+        XCTAssertEqual(try readWork(found.file, at: 0, count: pageSize), [UInt8](repeating: 7, count: pageSize))
+        XCTAssertEqual(found.size, UInt64((PageLog.batchPages + 44) * pageSize))
+    }
+
+    func testPageLogBatchesRoundTrip() {
+        let pages = [PageLog.Page(chunk: 3, page: 255, bytes: [1, 2, 3]),
+                     PageLog.Page(chunk: 0, page: 0, bytes: [UInt8](repeating: 9, count: pageSize))]
+        let one = PageLog.encode(epoch: 42, size: 12345, pages: pages)
+        let two = PageLog.encode(epoch: 42, size: 99, pages: [])
+        XCTAssertEqual(PageLog.decode(one + two, epoch: 42), [PageLog.Batch(size: 12345, pages: pages), PageLog.Batch(size: 99, pages: [])])
+        XCTAssertEqual(PageLog.decode(one + two, epoch: 43), [], "another epoch's")
+        XCTAssertEqual(PageLog.decode(Array(one.dropLast()), epoch: 42), [], "cut short")
+        XCTAssertEqual(PageLog.decode(two + one, epoch: 42).count, 2)
+    }
+
     /// Every file and folder of the store, with its permission bits.
     private func modes(under root: String) throws -> [String: Int] {
         var out: [String: Int] = [:]
