@@ -107,6 +107,10 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// the epoch of its batches in the map (0: none yet).
     private var logFD: Int32 = -1
     private var logEnd = 0
+    /// The log file's length: zeros past `logEnd`, written ahead so that a batch overwrites
+    /// blocks the file has (an `fdatasync` of an append also writes the file's new size and
+    /// blocks: 0.12 ms against 0.07 on this kind of disk).
+    private var logSize = 0
     private var logEpoch: UInt64 = 0
     /// A truncate since the last full sync: a batch cannot say it, so the next sync is full.
     private var logBlocked = false
@@ -132,7 +136,12 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.dataEnd = dataEnd
         self.reserve = reserve
         self.spares = spares
-        if let log { (logFD, logEnd, logEpoch) = log }
+        if let log {
+            // A recovered copy's log: its next sync is a full one, which retires what it holds.
+            (logFD, logEnd, logEpoch) = log
+            logSize = log.end
+            logBlocked = true
+        }
     }
 
     deinit {
@@ -492,8 +501,12 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             mutex.withLock {
                 logFD = fd
                 logEnd = 0
+                logSize = 0
                 needsDirectorySync = true
             }
+            try pwriteFully(fd, [UInt8](repeating: 0, count: PageLog.growth), at: 0, path: logPath)
+            try fdatasyncChecked(fd, path: logPath)
+            mutex.withLock { logSize = PageLog.growth }
         }
         let (indexes, map) = mutex.withLock { () -> ([Int], Bool) in
             defer { unsynced = []; mapChanged = false }
@@ -513,7 +526,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             var mapOwed = map
             let requested = mutex.withLock { syncRequested }
             if requested, try writeSyncedHalves() { mapOwed = true }
-            let (epoch, logged, fd) = mutex.withLock { (logEpoch, logEnd, logFD) }
+            let (epoch, logged) = mutex.withLock { (logEpoch, logEnd) }
             if requested && logged > 0 {
                 // The log's batches are in the chunk files and the synced halves now: once those
                 // are durable, a new epoch retires the batches (they may hold older bytes than
@@ -521,7 +534,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 try fdatasyncChecked(mapFD, path: mapPath)
                 try writeLogEpoch()
                 try fdatasyncChecked(mapFD, path: mapPath)
-                if retryEINTR({ ftruncate(fd, 0) }) != 0 { throw systemError("truncate", logPath, errno) }
+                // Batches of the new epoch overwrite the old ones, which no longer count.
                 mutex.withLock { logEnd = 0 }
             } else {
                 if requested && epoch == 0 {
@@ -592,6 +605,12 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             pages.append(PageLog.Page(chunk: index, page: page, bytes: bytes))
         }
         let batch = PageLog.encode(epoch: plan.epoch, size: plan.size, pages: pages)
+        let allocated = mutex.withLock { logSize }
+        if plan.end + batch.count > allocated {
+            let size = (plan.end + batch.count + PageLog.growth - 1) / PageLog.growth * PageLog.growth
+            try pwriteFully(plan.fd, [UInt8](repeating: 0, count: size - allocated), at: allocated, path: logPath)
+            mutex.withLock { logSize = size }
+        }
         try pwriteFully(plan.fd, batch, at: plan.end, path: logPath)
         try fdatasyncChecked(plan.fd, path: logPath)
         mutex.withLock {

@@ -18,8 +18,10 @@
 // Recovery on a new boot reads batches from the start while each is whole and of the map's
 // epoch, and writes their pages into the chunk files, in order (a later batch's page is newer).
 // A full sync gives the map a new epoch once the chunk files and synced halves hold everything
-// the log held, then empties the log: batches of another epoch are never applied, since chunk
-// files may hold newer synced bytes than they do.
+// the log held, and the next batches are written from the start again: batches of another epoch
+// are never applied, since chunk files may hold newer synced bytes than they do. The file is
+// zeros ahead of its batches (written `growth` at a time), so that a batch overwrites blocks it
+// has; reading stops at the first bytes that are not a whole batch of the epoch.
 
 import Foundation
 #if canImport(Glibc)
@@ -35,6 +37,8 @@ enum PageLog {
     static let batchPages = 256
     /// The log's length at most: past it, the next fsync is a full sync, which empties it.
     static let limit = 16 << 20
+    /// The log is zeros ahead of its batches, written this much at a time.
+    static let growth = 256 << 10
 
     static func batchBytes(_ pages: Int) -> Int { headerSize + pages * (entrySize + pageSize) }
 

@@ -418,6 +418,12 @@ final class EmbeddedStoreTests: XCTestCase {
         return stat(path, &st) == 0 ? Int(st.st_size) : -1
     }
 
+    /// The batches the copy's page log holds for its map's epoch.
+    private func loggedBatches(_ log: String, map: String) throws -> [PageLog.Batch] {
+        let header = try XCTUnwrap(WorkMap.parse([UInt8](try XCTUnwrap(FileManager.default.contents(atPath: map)))))
+        return PageLog.decode([UInt8](try XCTUnwrap(FileManager.default.contents(atPath: log))), epoch: header.logEpoch)
+    }
+
     /// Makes the copy's map say another boot made it: a power cut, not a kill.
     private func pretendAnotherBoot(_ map: String) {
         let fd = open(map, O_WRONLY)
@@ -442,17 +448,18 @@ final class EmbeddedStoreTests: XCTestCase {
             let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
             (log, map) = (chunked.logPath, chunked.mapFilePath)
             lostChunk = (map as NSString).deletingLastPathComponent + "/" + ChunkedWorkFile.chunkName(ino: 6, copyID: chunked.copyID, index: 2)
-            XCTAssertEqual(fileSize(log), 0, "made by the first sync, empty")
+            XCTAssertEqual(try loggedBatches(log, map: map), [], "made by the first sync, empty")
+            XCTAssertEqual(fileSize(log), PageLog.growth, "zeros ahead of the batches")
             try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
             try writeWork(file, [UInt8](repeating: 2, count: 100), at: 2 * chunkSize + pageSize + 10)
             try file.markDirty(2)
             try file.sync()
-            XCTAssertEqual(fileSize(log), PageLog.batchBytes(2))
+            XCTAssertEqual(try loggedBatches(log, map: map).map(\.pages.count), [2])
             try writeWork(file, [UInt8](repeating: 3, count: pageSize), at: 0)
             try file.sync()
-            XCTAssertEqual(fileSize(log), PageLog.batchBytes(2) + PageLog.batchBytes(1))
+            XCTAssertEqual(try loggedBatches(log, map: map).map(\.pages.count), [2, 1])
             try file.sync()
-            XCTAssertEqual(fileSize(log), PageLog.batchBytes(2) + PageLog.batchBytes(1), "nothing written: nothing logged")
+            XCTAssertEqual(try loggedBatches(log, map: map).map(\.pages.count), [2, 1], "nothing written: nothing logged")
             let bytes = try XCTUnwrap(FileManager.default.contents(atPath: map))
             let synced = WorkMap.slotsAt + 2 * WorkMap.slotSize + WorkMap.syncedHalf
             XCTAssertTrue(bytes.count <= synced || bytes[synced] == 0, "no full sync since the first")
@@ -493,9 +500,9 @@ final class EmbeddedStoreTests: XCTestCase {
             try writeWork(file, [UInt8](repeating: 3, count: pageSize), at: pageSize)
             try file.sync()
         }
-        // The second batch's last page is torn; chunk 0 lost its unsynced state on the disk.
+        // The second batch's last page is torn.
         let fd = open(log, O_WRONLY)
-        XCTAssertEqual(pwrite(fd, [0xEE], 1, off_t(fileSize(log) - 1)), 1)
+        XCTAssertEqual(pwrite(fd, [0xEE], 1, off_t(PageLog.batchBytes(1) + PageLog.batchBytes(2) - 1)), 1)
         close(fd)
         pretendAnotherBoot(map)
         let found = try XCTUnwrap(try fixture.open().work.leftovers().first)
@@ -519,11 +526,11 @@ final class EmbeddedStoreTests: XCTestCase {
             try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
             try file.sync()
             stale = try XCTUnwrap(FileManager.default.contents(atPath: log).map { [UInt8]($0) })
-            XCTAssertEqual(stale.count, PageLog.batchBytes(1))
+            XCTAssertEqual(try loggedBatches(log, map: map).count, 1)
             try writeWork(file, [UInt8](repeating: 7, count: (PageLog.batchPages + 44) * pageSize), at: 0)
             try file.markDirty(1)
             try file.sync()
-            XCTAssertEqual(fileSize(log), 0, "retired")
+            XCTAssertEqual(try loggedBatches(log, map: map), [], "retired: the map has a new epoch")
         }
         XCTAssertTrue(FileManager.default.createFile(atPath: log, contents: Data(stale)))
         pretendAnotherBoot(map)
