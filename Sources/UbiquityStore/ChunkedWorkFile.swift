@@ -103,8 +103,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     private var logicalSize: UInt64 { max(headerSize, dataEnd) }
     /// Pages written since the last sync, by chunk: what the next log batch holds.
     private var writtenPages: [Int: PageSet] = [:]
-    /// The page log, made by the first full sync of a synced copy (-1 before), its length, and
-    /// the epoch of its batches in the map (0: none yet).
+    /// The page log, made by the first fsync that goes through it (-1 before), where its
+    /// batches end, and the epoch of its batches in the map (0: none yet).
     private var logFD: Int32 = -1
     private var logEnd = 0
     /// The log file's length: zeros past `logEnd`, written ahead so that a batch overwrites
@@ -112,8 +112,13 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// blocks: 0.12 ms against 0.07 on this kind of disk).
     private var logSize = 0
     private var logEpoch: UInt64 = 0
-    /// A truncate since the last full sync: a batch cannot say it, so the next sync is full.
+    /// The next sync must be a full one: a batch cannot say what changed (a truncate, a new
+    /// base, a chunk file copied or handed to the blob store, a recovered log) or a sync failed
+    /// (what reached the disk is unknown).
     private var logBlocked = false
+    /// One sync at a time (the kernel sends one fsync of a file at a time; this does not rely
+    /// on it): the epoch and the log's end are read and written across a sync's steps.
+    private let syncLock = StoreMutex()
     /// Chunk files kept open at once (a sequential writer needs one, a random one a few).
     static let openLimit = 8
 
@@ -492,22 +497,11 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     }
 
     public func sync() throws(StoreError) {
+        try syncLock.withLock { () throws(StoreError) in try syncOnce() }
+    }
+
+    private func syncOnce() throws(StoreError) {
         if try syncThroughLog() { return }
-        // The log is made by a synced copy's first full sync, so that its name is durable when
-        // the next fsync relies on it.
-        if mutex.withLock({ paged && syncRequested && logFD < 0 }) {
-            let fd = retryEINTR { Glibc.open(logPath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-            if fd < 0 { throw systemError("create", logPath, errno) }
-            mutex.withLock {
-                logFD = fd
-                logEnd = 0
-                logSize = 0
-                needsDirectorySync = true
-            }
-            try pwriteFully(fd, [UInt8](repeating: 0, count: PageLog.growth), at: 0, path: logPath)
-            try fdatasyncChecked(fd, path: logPath)
-            mutex.withLock { logSize = PageLog.growth }
-        }
         let (indexes, map) = mutex.withLock { () -> ([Int], Bool) in
             defer { unsynced = []; mapChanged = false }
             return (Array(unsynced), mapChanged)
@@ -548,9 +542,12 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
                 logBlocked = false
             }
         } catch {
+            // The map may hold marks, halves or an epoch that did not reach the disk: the next
+            // sync writes it again and syncs it, and is a full one.
             mutex.withLock {
                 unsynced.formUnion(indexes)
-                if map { mapChanged = true }
+                mapChanged = true
+                logBlocked = true
             }
             throw error
         }
@@ -573,7 +570,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     /// map's changes (a batch says the pages and the size). False: a full sync is needed.
     private func syncThroughLog() throws(StoreError) -> Bool {
         let plan = mutex.withLock { () -> (fd: Int32, end: Int, epoch: UInt64, size: UInt64, pages: [(Int, Int)])? in
-            guard paged, syncRequested, syncedMark, !logBlocked, logFD >= 0, logEpoch != 0 else { return nil }
+            guard paged, syncRequested, syncedMark, !logBlocked, logEpoch != 0 else { return nil }
             var pages: [(Int, Int)] = []
             for index in writtenPages.keys.sorted() {
                 let set = writtenPages[index]!
@@ -605,14 +602,37 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             pages.append(PageLog.Page(chunk: index, page: page, bytes: bytes))
         }
         let batch = PageLog.encode(epoch: plan.epoch, size: plan.size, pages: pages)
-        let allocated = mutex.withLock { logSize }
-        if plan.end + batch.count > allocated {
-            let size = (plan.end + batch.count + PageLog.growth - 1) / PageLog.growth * PageLog.growth
-            try pwriteFully(plan.fd, [UInt8](repeating: 0, count: size - allocated), at: allocated, path: logPath)
-            mutex.withLock { logSize = size }
+        do throws(StoreError) {
+            // Made by the first fsync that needs it (a program that writes, fsyncs once and
+            // closes never pays for it); its name is made durable with the first batch.
+            var fd = plan.fd
+            let made = fd < 0
+            if made {
+                fd = retryEINTR { Glibc.open(logPath, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+                if fd < 0 { throw systemError("create", logPath, errno) }
+                mutex.withLock {
+                    logFD = fd
+                    logSize = 0
+                }
+            }
+            let allocated = mutex.withLock { logSize }
+            if plan.end + batch.count > allocated {
+                let size = (plan.end + batch.count + PageLog.growth - 1) / PageLog.growth * PageLog.growth
+                try pwriteFully(fd, [UInt8](repeating: 0, count: size - allocated), at: allocated, path: logPath)
+                mutex.withLock { logSize = size }
+            }
+            try pwriteFully(fd, batch, at: plan.end, path: logPath)
+            try fdatasyncChecked(fd, path: logPath)
+            if made { try fsyncDirectory(folder) }
+        } catch {
+            // The batch may be on the disk in part or whole, unsynced: the next sync is a full
+            // one, which retires it with the epoch.
+            mutex.withLock {
+                logEnd = max(logEnd, plan.end + batch.count)
+                logBlocked = true
+            }
+            throw error
         }
-        try pwriteFully(plan.fd, batch, at: plan.end, path: logPath)
-        try fdatasyncChecked(plan.fd, path: logPath)
         mutex.withLock {
             logEnd = plan.end + batch.count
             writtenPages = [:]

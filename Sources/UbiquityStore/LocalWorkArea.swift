@@ -404,11 +404,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     /// Opens a copy's page log (to keep it until a full sync retires it) and, for a synced
     /// copy the machine stopped under, writes the pages of its batches into the chunk files,
     /// in order, and makes them durable: what the fsyncs after its first made durable. Returns
-    /// the pages written and the largest size a batch recorded. A page that cannot be written
-    /// back stays as the chunk file holds it.
+    /// the pages written, the largest size a batch recorded, and whether any of it failed
+    /// (then the copy is not what its fsyncs made it, and must not become the file's content).
     private func applyLog(_ name: String?, of ino: InodeNumber, copyID: UInt64, in folder: String, header: WorkMap.Header,
-                          intact: Bool) -> (log: (fd: Int32, end: Int, epoch: UInt64)?, logged: (pages: [Int: PageSet], size: UInt64)) {
-        var logged: (pages: [Int: PageSet], size: UInt64) = ([:], 0)
+                          intact: Bool) -> (log: (fd: Int32, end: Int, epoch: UInt64)?, logged: LoggedPages) {
+        var logged = LoggedPages()
         guard let name else { return (nil, logged) }
         let path = folder + "/" + name
         let fd = retryEINTR { open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
@@ -417,8 +417,9 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         guard fstat(fd, &st) == 0 else { close(fd); return (nil, logged) }
         let log = (fd: fd, end: Int(st.st_size), epoch: header.logEpoch)
         guard header.synced, !intact, header.logEpoch != 0, st.st_size > 0 else { return (log, logged) }
-        var bytes = [UInt8](repeating: 0, count: min(Int(st.st_size), PageLog.limit + PageLog.batchBytes(PageLog.batchPages)))
+        var bytes = [UInt8](repeating: 0, count: min(Int(st.st_size), PageLog.limit + PageLog.growth))
         guard bytes.withUnsafeMutableBytes({ (try? preadFully(fd, $0, at: 0, path: path)) ?? -1 }) == bytes.count else {
+            logged.failed = true
             return (log, logged)
         }
         var written: [Int: Int32] = [:]
@@ -428,19 +429,50 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             for page in batch.pages {
                 let chunkPath = folder + "/" + ChunkedWorkFile.chunkName(ino: ino, copyID: copyID, index: page.chunk)
                 if written[page.chunk] == nil {
-                    let d = retryEINTR { open(chunkPath, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-                    if d < 0 { continue }
+                    guard let d = privateChunkFile(chunkPath) else { logged.failed = true; continue }
                     written[page.chunk] = d
                 }
                 guard let d = written[page.chunk], (try? pwriteFully(d, page.bytes, at: page.page * pageSize, path: chunkPath)) != nil else {
+                    logged.failed = true
                     continue
                 }
                 logged.pages[page.chunk, default: PageSet()].insert(page.page)
             }
         }
-        for d in written.values { _ = retryEINTR { fdatasync(d) } }
-        if !written.isEmpty { try? fsyncDirectory(folder) }
+        for d in written.values where retryEINTR({ fdatasync(d) }) != 0 { logged.failed = true }
+        if !written.isEmpty, (try? fsyncDirectory(folder)) == nil { logged.failed = true }
         return (log, logged)
+    }
+
+    struct LoggedPages {
+        var pages: [Int: PageSet] = [:]
+        var size: UInt64 = 0
+        var failed = false
+    }
+
+    /// A chunk file open for writing that is no blob: one with another name (a publish adopted
+    /// it as a blob, and the power cut came before the copy's removal) is copied first, so that
+    /// a blob never changes. Nil when it cannot be made.
+    private func privateChunkFile(_ path: String) -> Int32? {
+        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        guard fd >= 0 else { return nil }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { close(fd); return nil }
+        guard st.st_nlink > 1 else { return fd }
+        defer { close(fd) }
+        let temp = path + ".copy"
+        _ = retryEINTR { unlink(temp) }
+        let copy = retryEINTR { open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        guard copy >= 0 else { return nil }
+        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
+        let copied = bytes.withUnsafeMutableBytes { (try? preadFully(fd, $0, at: 0, path: path)) == Int(st.st_size) }
+            && (try? pwriteFully(copy, bytes, at: 0, path: temp)) != nil && rename(temp, path) == 0
+        if !copied {
+            close(copy)
+            _ = retryEINTR { unlink(temp) }
+            return nil
+        }
+        return copy
     }
 
     /// Every valid working copy in `folder` (a map with its data file, or a chunked map with its
@@ -561,7 +593,8 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
                                  finished: header.finished, intact: intact, modified: header.finished ? header.finishedMtime : newest)
         work.partialChunks = partial
         work.baseReach = header.baseReach
-        work.synced = header.synced
+        // A log that could not be applied: the copy is kept as a version, not made current.
+        work.synced = header.synced && !logged.failed
         return work
     }
 

@@ -1,8 +1,8 @@
 // A synced working copy's page log, `<ino>.<copy id>.log` beside its chunk files: after the first
 // fsync of a copy (a full sync: the chunk files, their folder, the map's synced halves), each
-// fsync that wrote a few pages appends them here in one batch and syncs this one file, where a
+// fsync that wrote a few pages writes them here in one batch and syncs this one file, where a
 // full sync takes at least two `fdatasync`s (the chunk file, the map) and a folder's `fsync` for
-// a new chunk file. Reads, writes and publishing never look here: the chunk files hold every
+// a new chunk file. The first such fsync makes the file (and syncs its folder). Reads, writes and publishing never look here: the chunk files hold every
 // byte; the log only says, after a power cut, what an fsync made durable.
 //
 // A batch, little endian:
