@@ -424,6 +424,18 @@ final class EmbeddedStoreTests: XCTestCase {
         return PageLog.decode([UInt8](try XCTUnwrap(FileManager.default.contents(atPath: log))), epoch: header.logEpoch)
     }
 
+    /// A new working copy of inode 6 holding `bytes` of ones in chunk 0, after its first fsync
+    /// (a full sync).
+    private func syncedCopy(bytes: Int) throws -> ChunkedWorkFile {
+        let file = try fixture.open().work.create(ino: 6)
+        try file.setBase(nil, size: 0)
+        try writeWork(file, [UInt8](repeating: 1, count: bytes), at: 0)
+        try file.markDirty(0)
+        XCTAssertTrue(try file.markSynced())
+        try file.sync()
+        return try XCTUnwrap(file as? ChunkedWorkFile)
+    }
+
     /// Makes the copy's map say another boot made it: a power cut, not a kill.
     private func pretendAnotherBoot(_ map: String) {
         let fd = open(map, O_WRONLY)
@@ -439,13 +451,8 @@ final class EmbeddedStoreTests: XCTestCase {
     func testFsyncsAfterTheFirstAreLoggedAndComeBackAfterAPowerCut() throws {
         var log = "", map = "", lostChunk = ""
         do {
-            let file = try fixture.open().work.create(ino: 6)
-            try file.setBase(nil, size: 0)
-            try writeWork(file, [UInt8](repeating: 1, count: pageSize), at: 0)
-            try file.markDirty(0)
-            XCTAssertTrue(try file.markSynced())
-            try file.sync()
-            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            let chunked = try syncedCopy(bytes: pageSize)
+            let file: any WorkFile = chunked
             (log, map) = (chunked.logPath, chunked.mapFilePath)
             lostChunk = (map as NSString).deletingLastPathComponent + "/" + ChunkedWorkFile.chunkName(ino: 6, copyID: chunked.copyID, index: 2)
             XCTAssertEqual(fileSize(log), -1, "made by the first fsync that needs it")
@@ -486,13 +493,8 @@ final class EmbeddedStoreTests: XCTestCase {
     func testATornBatchIsNotApplied() throws {
         var log = "", map = ""
         do {
-            let file = try fixture.open().work.create(ino: 6)
-            try file.setBase(nil, size: 0)
-            try writeWork(file, [UInt8](repeating: 1, count: 2 * pageSize), at: 0)
-            try file.markDirty(0)
-            XCTAssertTrue(try file.markSynced())
-            try file.sync()
-            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            let chunked = try syncedCopy(bytes: 2 * pageSize)
+            let file: any WorkFile = chunked
             (log, map) = (chunked.logPath, chunked.mapFilePath)
             try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
             try file.sync()
@@ -510,18 +512,13 @@ final class EmbeddedStoreTests: XCTestCase {
     }
 
     /// A full sync (an fsync of more pages than a batch holds) makes the chunk files and the
-    /// synced halves hold everything, then gives the map a new epoch and empties the log: the
-    /// old batches, had the emptying not reached the disk, are never applied over newer bytes.
+    /// synced halves hold everything, then gives the map a new epoch: the old batches, still in
+    /// the log, are never applied over newer bytes.
     func testAFullSyncRetiresTheLogsBatches() throws {
         var log = "", map = "", stale: [UInt8] = []
         do {
-            let file = try fixture.open().work.create(ino: 6)
-            try file.setBase(nil, size: 0)
-            try writeWork(file, [UInt8](repeating: 1, count: pageSize), at: 0)
-            try file.markDirty(0)
-            XCTAssertTrue(try file.markSynced())
-            try file.sync()
-            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            let chunked = try syncedCopy(bytes: pageSize)
+            let file: any WorkFile = chunked
             (log, map) = (chunked.logPath, chunked.mapFilePath)
             try writeWork(file, [UInt8](repeating: 2, count: pageSize), at: 0)
             try file.sync()
@@ -547,13 +544,8 @@ final class EmbeddedStoreTests: XCTestCase {
     func testABatchAfterARetirementComesBack() throws {
         var map = "", chunk = ""
         do {
-            let file = try fixture.open().work.create(ino: 6)
-            try file.setBase(nil, size: 0)
-            try writeWork(file, [UInt8](repeating: 1, count: pageSize), at: 0)
-            try file.markDirty(0)
-            XCTAssertTrue(try file.markSynced())
-            try file.sync()
-            let chunked = try XCTUnwrap(file as? ChunkedWorkFile)
+            let chunked = try syncedCopy(bytes: pageSize)
+            let file: any WorkFile = chunked
             map = chunked.mapFilePath
             chunk = (map as NSString).deletingLastPathComponent + "/" + ChunkedWorkFile.chunkName(ino: 6, copyID: chunked.copyID, index: 0)
             for value in 2...4 {
