@@ -317,7 +317,9 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             try pwriteFully(d.fd, UnsafeRawBufferPointer(rebasing: bytes[range]), at: within, path: path(index))
             mutex.withLock {
                 unsynced.insert(index)
-                writtenPages[index, default: PageSet()].formUnion(PageSet(touching: within, within + range.count))
+                // Only a synced copy's next sync may go through the log; until then a full one
+                // covers everything.
+                if syncedMark { writtenPages[index, default: PageSet()].formUnion(PageSet(touching: within, within + range.count)) }
                 dataEnd = max(dataEnd, UInt64(index * chunkSize + within + range.count))
             }
             return true
@@ -587,18 +589,10 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         for (index, page) in plan.pages {
             let start = UInt64(index * chunkSize + page * pageSize)
             guard start < plan.size else { continue }
-            var bytes = [UInt8](repeating: 0, count: Int(min(UInt64(pageSize), plan.size - start)))
-            if let d = try reader(index) {
-                let failure: StoreError? = bytes.withUnsafeMutableBytes { raw in
-                    do throws(StoreError) {
-                        _ = try preadFully(d.fd, raw, at: page * pageSize, path: path(index))
-                        return nil
-                    } catch {
-                        return error
-                    }
-                }
-                if let failure { throw failure }
-            }
+            let count = Int(min(UInt64(pageSize), plan.size - start))
+            let bytes = try reader(index).map { (d) throws(StoreError) in
+                try preadFully(d.fd, count: count, at: page * pageSize, path: path(index))
+            } ?? [UInt8](repeating: 0, count: count)
             pages.append(PageLog.Page(chunk: index, page: page, bytes: bytes))
         }
         let batch = PageLog.encode(epoch: plan.epoch, size: plan.size, pages: pages)
@@ -638,6 +632,28 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             writtenPages = [:]
         }
         return true
+    }
+
+    /// Recovery after a power cut: writes the page log's batches back into the chunk files, in
+    /// order (a file that may be a blob too is copied first, as for any change), and makes them
+    /// and their names durable.
+    func restore(_ batches: [PageLog.Batch]) throws(StoreError) {
+        var touched = Set<Int>()
+        for batch in batches {
+            for page in batch.pages {
+                let d = try writer(page.chunk)
+                try pwriteFully(d.fd, page.bytes, at: page.page * pageSize, path: path(page.chunk))
+                touched.insert(page.chunk)
+            }
+        }
+        for index in touched.sorted() {
+            guard let d = try reader(index) else { continue }
+            try fdatasyncChecked(d.fd, path: path(index))
+        }
+        if mutex.withLock({ needsDirectorySync }) {
+            try fsyncDirectory(folder)
+            mutex.withLock { needsDirectorySync = false }
+        }
     }
 
     public func chunkFile(_ index: Int, length: Int) throws(StoreError) -> String? {

@@ -401,78 +401,22 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         return (ino, copyID)
     }
 
-    /// Opens a copy's page log (to keep it until a full sync retires it) and, for a synced
-    /// copy the machine stopped under, writes the pages of its batches into the chunk files,
-    /// in order, and makes them durable: what the fsyncs after its first made durable. Returns
-    /// the pages written, the largest size a batch recorded, and whether any of it failed
-    /// (then the copy is not what its fsyncs made it, and must not become the file's content).
-    private func applyLog(_ name: String?, of ino: InodeNumber, copyID: UInt64, in folder: String, header: WorkMap.Header,
-                          intact: Bool) -> (log: (fd: Int32, end: Int, epoch: UInt64)?, logged: LoggedPages) {
-        var logged = LoggedPages()
-        guard let name else { return (nil, logged) }
+    /// Opens a copy's page log (kept until a full sync retires it) and, for a synced copy the
+    /// machine stopped under, reads its whole batches of the map's epoch: what the fsyncs after
+    /// its first made durable. Nil batches: the log could not be read.
+    private func readLog(_ name: String?, in folder: String, header: WorkMap.Header,
+                         intact: Bool) -> (log: (fd: Int32, end: Int, epoch: UInt64)?, batches: [PageLog.Batch]?) {
+        guard let name else { return (nil, []) }
         let path = folder + "/" + name
         let fd = retryEINTR { open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+        guard fd >= 0 else { return (nil, []) }
         var st = stat()
-        guard fd >= 0 else { return (nil, logged) }
-        guard fstat(fd, &st) == 0 else { close(fd); return (nil, logged) }
+        guard fstat(fd, &st) == 0 else { close(fd); return (nil, []) }
         let log = (fd: fd, end: Int(st.st_size), epoch: header.logEpoch)
-        guard header.synced, !intact, header.logEpoch != 0, st.st_size > 0 else { return (log, logged) }
-        var bytes = [UInt8](repeating: 0, count: min(Int(st.st_size), PageLog.limit + PageLog.growth))
-        guard bytes.withUnsafeMutableBytes({ (try? preadFully(fd, $0, at: 0, path: path)) ?? -1 }) == bytes.count else {
-            logged.failed = true
-            return (log, logged)
-        }
-        var written: [Int: Int32] = [:]
-        defer { for d in written.values { close(d) } }
-        for batch in PageLog.decode(bytes, epoch: header.logEpoch) {
-            logged.size = max(logged.size, batch.size)
-            for page in batch.pages {
-                let chunkPath = folder + "/" + ChunkedWorkFile.chunkName(ino: ino, copyID: copyID, index: page.chunk)
-                if written[page.chunk] == nil {
-                    guard let d = privateChunkFile(chunkPath) else { logged.failed = true; continue }
-                    written[page.chunk] = d
-                }
-                guard let d = written[page.chunk], (try? pwriteFully(d, page.bytes, at: page.page * pageSize, path: chunkPath)) != nil else {
-                    logged.failed = true
-                    continue
-                }
-                logged.pages[page.chunk, default: PageSet()].insert(page.page)
-            }
-        }
-        for d in written.values where retryEINTR({ fdatasync(d) }) != 0 { logged.failed = true }
-        if !written.isEmpty, (try? fsyncDirectory(folder)) == nil { logged.failed = true }
-        return (log, logged)
-    }
-
-    struct LoggedPages {
-        var pages: [Int: PageSet] = [:]
-        var size: UInt64 = 0
-        var failed = false
-    }
-
-    /// A chunk file open for writing that is no blob: one with another name (a publish adopted
-    /// it as a blob, and the power cut came before the copy's removal) is copied first, so that
-    /// a blob never changes. Nil when it cannot be made.
-    private func privateChunkFile(_ path: String) -> Int32? {
-        let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        guard fd >= 0 else { return nil }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { close(fd); return nil }
-        guard st.st_nlink > 1 else { return fd }
-        defer { close(fd) }
-        let temp = path + ".copy"
-        _ = retryEINTR { unlink(temp) }
-        let copy = retryEINTR { open(temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
-        guard copy >= 0 else { return nil }
-        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
-        let copied = bytes.withUnsafeMutableBytes { (try? preadFully(fd, $0, at: 0, path: path)) == Int(st.st_size) }
-            && (try? pwriteFully(copy, bytes, at: 0, path: temp)) != nil && rename(temp, path) == 0
-        if !copied {
-            close(copy)
-            _ = retryEINTR { unlink(temp) }
-            return nil
-        }
-        return copy
+        guard header.synced, !intact, header.logEpoch != 0, st.st_size > 0 else { return (log, []) }
+        let count = min(Int(st.st_size), PageLog.limit + PageLog.growth)
+        guard let bytes = try? preadFully(fd, count: count, at: 0, path: path) else { return (log, nil) }
+        return (log, PageLog.decode(bytes, epoch: header.logEpoch))
     }
 
     /// Every valid working copy in `folder` (a map with its data file, or a chunked map with its
@@ -566,11 +510,13 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
             if st.st_size > 0 { dataEnd = max(dataEnd, UInt64(f.index * chunkSize) + UInt64(st.st_size)) }
             newest = max(newest, Int64(st.st_mtim.tv_sec) * 1_000_000_000 + Int64(st.st_mtim.tv_nsec))
         }
-        let (log, logged) = applyLog(logs.first { $0.copyID == copyID }?.name, of: ino, copyID: copyID, in: folder,
-                                     header: header, intact: intact)
-        files.formUnion(logged.pages.keys)
-        // The size an fsync logged: what the chunk files hold may end before it.
-        dataEnd = max(dataEnd, logged.size)
+        let (log, batches) = readLog(logs.first { $0.copyID == copyID }?.name, in: folder, header: header, intact: intact)
+        var logged: [Int: PageSet] = [:]
+        for batch in batches ?? [] {
+            for page in batch.pages { logged[page.chunk, default: PageSet()].insert(page.page) }
+            // The size an fsync logged: what the chunk files hold may end before it.
+            dataEnd = max(dataEnd, batch.size)
+        }
         let size = max(header.size, dataEnd)
         let dirty = dirtyBelow(size)
         var partial: [Int: PageSet] = [:]
@@ -586,7 +532,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
                                    paged: header.slotSize == WorkMap.slotSize, baseReach: header.baseReach,
                                    finished: header.finished, synced: header.synced, reserve: reserve, log: log)
         // Pages the log made durable are the copy's, over the base's.
-        for (index, pages) in logged.pages where !dirty.contains(index) && UInt64(index * chunkSize) < size {
+        var restored = batches != nil
+        if let batches, !batches.isEmpty {
+            do { try file.restore(batches) } catch { restored = false }
+        }
+        for (index, pages) in logged where !dirty.contains(index) && UInt64(index * chunkSize) < size {
             partial[index, default: PageSet()].formUnion(pages)
         }
         var work = RecoveredWork(ino: ino, base: header.base, size: size, dirtyChunks: dirty, file: file,
@@ -594,7 +544,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         work.partialChunks = partial
         work.baseReach = header.baseReach
         // A log that could not be applied: the copy is kept as a version, not made current.
-        work.synced = header.synced && !logged.failed
+        work.synced = header.synced && restored
         return work
     }
 

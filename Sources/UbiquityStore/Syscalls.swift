@@ -66,6 +66,21 @@ func pwriteFully(_ fd: Int32, _ bytes: [UInt8], at offset: Int,
     if let failure { throw failure }
 }
 
+/// `count` bytes read at `offset`, zeros past the end of the file (the detour as above).
+func preadFully(_ fd: Int32, count: Int, at offset: Int, path: @autoclosure () -> String) throws(StoreError) -> [UInt8] {
+    var bytes = [UInt8](repeating: 0, count: count)
+    let failure: StoreError? = bytes.withUnsafeMutableBytes { raw in
+        do throws(StoreError) {
+            _ = try preadFully(fd, raw, at: offset, path: path())
+            return nil
+        } catch {
+            return error
+        }
+    }
+    if let failure { throw failure }
+    return bytes
+}
+
 func fsyncChecked(_ fd: Int32, path: @autoclosure () -> String) throws(StoreError) {
     if retryEINTR({ fsync(fd) }) != 0 { throw systemError("fsync", path(), errno) }
 }
