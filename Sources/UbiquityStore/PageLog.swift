@@ -76,6 +76,9 @@ enum PageLog {
     }
 
     /// The whole batches of `epoch` from the start of `bytes`, up to the first that is not one.
+    /// The log may be torn or garbage: every read stays inside `bytes`, since a header is read
+    /// only once it fits, and a batch's entries and pages only once its page count (at most
+    /// `batchPages`) says the whole batch fits; entries out of range end the reading.
     static func decode(_ bytes: [UInt8], epoch: UInt64) -> [Batch] {
         var batches: [Batch] = []
         var at = 0
