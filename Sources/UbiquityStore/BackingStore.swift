@@ -413,6 +413,10 @@ public protocol MetadataStore: AnyObject, Sendable {
     func commit(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq
     /// The batches committed after `seq`, oldest first.
     func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord]
+    /// The batches committed after `seq` by writers other than `writer`, oldest first (a sync
+    /// asks whether anyone else put versions since its last one: usually none did, and a store
+    /// that can say so without reading its own batches does).
+    func changes(since seq: ChangeSeq, notBy writer: String) throws(StoreError) -> [ChangeRecord]
     /// Drop all but the newest `count` change-log records, so the log does not grow forever. A
     /// writer further behind than that gets `.trimmed` from `changes(since:)` and reloads.
     func trimChanges(keepingLast count: Int) throws(StoreError)
@@ -441,6 +445,9 @@ public protocol MetadataStore: AnyObject, Sendable {
 }
 
 public extension MetadataStore {
+    func changes(since seq: ChangeSeq, notBy writer: String) throws(StoreError) -> [ChangeRecord] {
+        try changes(since: seq).filter { $0.writer != writer }
+    }
     func waitForChanges(_ seconds: Double) {
         if seconds > 0 { Thread.sleep(forTimeInterval: seconds) }
     }

@@ -242,9 +242,9 @@ public final class LocalDurability: Durability, @unchecked Sendable {
     private func othersMayHaveWritten(since seq: ChangeSeq) -> Bool {
         guard let writer, seq >= 0 else { return true }
         let records: [ChangeRecord]
-        do { records = try metadata.changes(since: seq) } catch { return true }   // a syncfs covers it all
+        do { records = try metadata.changes(since: seq, notBy: writer) } catch { return true }   // a syncfs covers it all
         return records.contains { record in
-            record.writer != writer && record.mutations.contains { if case .putVersion = $0 { true } else { false } }
+            record.mutations.contains { if case .putVersion = $0 { true } else { false } }
         }
     }
 

@@ -247,6 +247,11 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
         return try wrapped.changes(since: seq)
     }
 
+    public func changes(since seq: ChangeSeq, notBy writer: String) throws(StoreError) -> [ChangeRecord] {
+        try plan.check(.changes)
+        return try wrapped.changes(since: seq, notBy: writer)
+    }
+
     public func reserveInodes(_ count: Int) throws(StoreError) -> ClosedRange<InodeNumber> {
         try plan.check(.reserve)
         return try wrapped.reserveInodes(count)

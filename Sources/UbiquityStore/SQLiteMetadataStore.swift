@@ -655,6 +655,16 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
+        try changes(since: seq, notBy: nil)
+    }
+
+    /// Only the other writers' batches are read and decoded (a sync after 10,000 unlinks of its
+    /// own read them all).
+    public func changes(since seq: ChangeSeq, notBy writer: String) throws(StoreError) -> [ChangeRecord] {
+        try changes(since: seq, notBy: .some(writer))
+    }
+
+    private func changes(since seq: ChangeSeq, notBy writer: String?) throws(StoreError) -> [ChangeRecord] {
         try mutex.withLock { () throws(StoreError) -> [ChangeRecord] in
             var result: [ChangeRecord] = []
             // One read transaction: the trim mark and the rows from one state of the database.
@@ -664,8 +674,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             if seq < trimmed {
                 throw StoreError(.trimmed, "\(path): the change log was trimmed through \(trimmed), past \(seq)")
             }
-            try run("SELECT seq, writer, batch FROM changes WHERE seq > ?1 ORDER BY seq",
-                    bind: { b throws(StoreError) in try b.int(1, seq) },
+            try run("SELECT seq, writer, batch FROM changes WHERE seq > ?1 AND writer IS NOT ?2 ORDER BY seq",
+                    bind: { b throws(StoreError) in
+                        try b.int(1, seq)
+                        if let writer { try b.text(2, writer) }   // unbound: NULL, which every writer is not
+                    },
                     row: { (r) throws(StoreError) in
                 guard let mutations = BatchCoding.decode(r.blob(2)) else {
                     throw StoreError(.corrupt, "\(path): change \(r.int(0)) cannot be read")

@@ -266,6 +266,9 @@ enum StoreSuite {
             batches.append(batch)
             XCTAssertEqual(try a.changes(since: seqs[2]).map(\.seq), [seqs[3]])
             XCTAssertEqual(try a.changes(since: seqs[2]).first?.mutations, batch)
+            XCTAssertEqual(try a.changes(since: 0, notBy: "A").map(\.seq), [seqs[3]], "only the other writers'")
+            XCTAssertEqual(try a.changes(since: 0, notBy: "A").first?.mutations, batch)
+            XCTAssertEqual(try a.changes(since: seqs[0], notBy: "B").map(\.seq), [seqs[1], seqs[2]])
             XCTAssertEqual(try a.load().seq, seqs[3], "a snapshot says where the log continues")
         }
         let m = try f.open().metadata
@@ -702,6 +705,8 @@ enum StoreSuite {
             XCTAssertEqual(try m.changes(since: seqs[4]), [])
             let error = assertStoreError(EIO) { try m.changes(since: seqs[1]) }
             XCTAssertEqual(error?.kind, .trimmed)
+            XCTAssertEqual(assertStoreError(EIO) { try m.changes(since: seqs[1], notBy: "B") }?.kind, .trimmed,
+                           "whoever wrote what is gone")
             XCTAssertEqual(try m.load().meta["k"], "5", "the state is whole")
             try m.trimChanges(keepingLast: 2)
             XCTAssertEqual(try m.changes(since: seqs[2]).count, 2, "trimming again keeps what it kept")
