@@ -40,34 +40,6 @@ final class FaultTests: XCTestCase {
         return out
     }
 
-    /// A failed fsync barrier (the chunks of the file's version) reaches the program, marks
-    /// nothing, and keeps those chunks owed: the next fsync makes them durable.
-    func testAFailedFsyncBarrierIsReportedAndTheNextOneMakesIt() throws {
-        let first = try fs.open(try fs.makeFile(docs, "first", b("1")), flags: O_RDWR)
-        try fs.put(first, b("2"), at: 0)
-        try fs.fsync(handle: first, dataOnly: false)   // the writer's first sync: everything
-        try fs.release(handle: first)
-        let f = try fs.makeFile(docs, "f", b("published, not synced"))
-        let h = try fs.open(f, flags: O_RDWR)
-        try fs.put(h, b("P"), at: 0)
-        plan.fail(.syncChunks, errno: EIO)
-        assertErrno(EIO, try fs.fsync(handle: h, dataOnly: false), "fsync")
-        XCTAssertEqual(try base.metadata.versions(of: f).count, 1, "no version made in its place")
-        plan.clear(.syncChunks)
-        let calls = plan.callCount(.syncChunks)
-        try fs.fsync(handle: h, dataOnly: false)
-        XCTAssertEqual(plan.callCount(.syncChunks), calls + 1)
-        try powerCut()
-        let again = try UbiquityFileSystem(store: base, containers: Sample.all, view: .drive)
-        assertBytes(try again.contents(f), b("Published, not synced"))
-    }
-
-    private func powerCut() throws {
-        try XCTUnwrap(base.metadata as? MemoryMetadataStore).simulatePowerCut()
-        try XCTUnwrap(base.blobs as? MemoryBlobStore).simulatePowerCut()
-        try XCTUnwrap(base.work as? MemoryWorkArea).simulatePowerCut()
-    }
-
     func testFailedCommitChangesNothing() throws {
         let d = try fs.mkdir(parent: docs, name: b("d"), mode: 0o755, caller: owner).ino
         let f = try fs.makeFile(docs, "f", b("content"))

@@ -373,34 +373,6 @@ final class PersistenceTests: XCTestCase {
         }
     }
 
-    /// An fsync makes its file's version and every commit durable, not every version published
-    /// since (a sync of all of them cost one fdatasync per chunk): after a power cut the
-    /// fsync'd file holds what the fsync promised over its newest version, while another file
-    /// published since the last full sync, whose new content no sync covered, goes back whole to
-    /// its synced version.
-    func testAnFsyncCoversItsOwnVersionNotEveryVersionSince() throws {
-        let store = makeMemoryStore()
-        var (log, other) = (UInt64(0), UInt64(0))
-        do {
-            let fs = try openFS(store)
-            let docs = try fs.ino("SugoiApp")
-            log = try fs.makeFile(docs, "log", b("one\n"))
-            other = try fs.makeFile(docs, "other", b("first"))
-            try store.durability.sync()
-            try fs.writeFile(other, b("SECOND"))
-            try fs.writeFile(log, b("two\n"), at: 4)
-            try fs.writeFile(log, b("three\n"), at: 8)
-            let h = try fs.open(log, flags: O_RDWR)
-            try fs.put(h, b("ONE"), at: 0)
-            try fs.fsync(handle: h, dataOnly: false)
-            try powerCut(store)
-        }
-        let fs = try openFS(store)
-        assertBytes(try fs.contents(log), b("ONE\ntwo\nthree\n"))
-        assertBytes(try fs.contents(other), b("first"), "no sync covered its second version")
-        XCTAssertEqual(try store.metadata.versions(of: other).count, 1, "the version that lost its content left the history")
-    }
-
     /// Where chunks live elsewhere (a shared store), fsync publishes: what it promised is on the
     /// servers, not only on this machine's disk.
     func testFsyncPublishesWhereTheStoreSaysSo() throws {
