@@ -197,30 +197,15 @@ extension UbiquityFileSystem {
                     if store.fsyncPublishes {
                         try publish(doc, durable: true)
                     } else {
-                        try syncWorkingCopy(doc)
+                        // The barrier first: a copy marked synced vouches for its base too.
+                        try store.durability.sync()
+                        if !(try doc.syncWorkingCopy()) { try publish(doc, durable: true) }
                     }
                 } else {
-                    // Its current version: that version's chunks and every commit.
-                    try store.durability.sync(covering: doc.currentBase.chunks)
+                    try store.durability.sync()
                 }
             } catch { throw FSError(error) }
         }
-    }
-
-    /// The barrier first: a copy marked synced vouches for its base too, so the base's chunks
-    /// and every commit are made durable (not every version published since: see
-    /// `Durability.sync(covering:)`). A publish between the two moves the base: again.
-    private func syncWorkingCopy(_ doc: Document) throws {
-        for _ in 0..<3 {
-            let base = doc.currentBase
-            try store.durability.sync(covering: base.chunks)
-            switch try doc.syncWorkingCopy(vouched: base.version) {
-            case .synced: return
-            case .publish: try publish(doc, durable: true); return
-            case .baseMoved: continue
-            }
-        }
-        try publish(doc, durable: true)
     }
 
     public func release(handle: UInt64) throws(FSError) {

@@ -25,10 +25,9 @@ extension UbiquityFileSystem {
             if durable { try barrier() }
             return
         }
+        // What an fsync made durable in the working copy stays durable as a version.
+        let sync: (() throws -> Void)? = durable || p.synced ? barrier : nil
         let (chunks, size, mtime, ctime) = (p.chunks, p.size, p.mtime, p.ctime)
-        // What an fsync made durable in the working copy stays durable as a version: its commit
-        // and its chunks (not every version published since).
-        let sync: (() throws -> Void)? = durable || p.synced ? { try self.store.durability.sync(covering: chunks) } : nil
         let committed = try mutate { s -> (VersionID, Conflict?)? in
             guard var n = s.node(doc.ino), n.nlink > 0 else { return nil }
             let id = try s.newVersion()

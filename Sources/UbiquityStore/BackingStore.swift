@@ -493,11 +493,6 @@ public protocol BlobStore: AnyObject, Sendable {
     /// Make durable every blob written *through this object* so far: enough when no other
     /// writer's commits name chunks it wrote. A store that cannot tell does `syncAll`.
     func syncWritten() throws(StoreError)
-    /// Make durable those of `blobs` written through this object and not synced since (the
-    /// chunks one file's fsync relies on), leaving the others listed for the next sync. False
-    /// when it cannot tell which were (more were written than it lists), or when one sync of
-    /// everything costs less: the caller syncs everything.
-    func syncWritten(_ blobs: Set<BlobID>) throws(StoreError) -> Bool
     func delete(_ blob: BlobID) throws(StoreError)
     /// Recompute a blob's checksum, for recovery and `check`.
     func verify(_ ref: ChunkRef) -> Bool
@@ -510,10 +505,6 @@ public protocol BlobStore: AnyObject, Sendable {
 public extension BlobStore {
     func allBlobs() throws(StoreError) -> [BlobID] { try allBlobs(writtenBefore: nil) }
     func syncWritten() throws(StoreError) { try syncAll() }
-    func syncWritten(_ blobs: Set<BlobID>) throws(StoreError) -> Bool {
-        try syncWritten()
-        return true
-    }
 }
 
 /// What a store whose chunks live elsewhere (a shared store) keeps on this machine. The model asks

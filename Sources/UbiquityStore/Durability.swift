@@ -14,11 +14,6 @@
 //   syncfs) on its first sync, whenever another writer committed versions meanwhile (their
 //   chunks are in other processes' writes, which only a syncfs reaches), when the change log
 //   cannot say (trimmed, unreadable), or past the blob store's limit of listed chunks.
-// - One file's fsync (`sync(covering:)`) needs less: every commit durable (an empty durable
-//   commit), and the chunks of the version its working copy builds on. It fdatasyncs those of
-//   them this writer wrote unsynced and leaves the mark where it is, so the check below still
-//   covers the other versions published since (they may lose their content; that file's does
-//   not). A chunk another writer wrote, or one the blob store no longer lists, needs `sync()`.
 // - At a writer's start after such a stop, every version committed after the mark (the change
 //   log says which) has its chunks checked against their checksums; a file whose current content
 //   did not reach the disk goes back to its newest whole version, and versions that lost content
@@ -40,18 +35,10 @@ public protocol Durability: AnyObject, Sendable {
     /// A barrier: every commit so far, and every content chunk it names, is durable once this
     /// returns (fsync of a file, the periodic sync, a clean stop).
     func sync() throws(StoreError)
-    /// A barrier for one file's fsync: every commit so far is durable, and so is every chunk of
-    /// `chunks` (the version its working copy builds on) once this returns. Other commits' chunks
-    /// may not be (see `LocalDurability`).
-    func sync(covering chunks: [ChunkRef]) throws(StoreError)
     /// A barrier for the namespace only: every commit so far is durable (fsync of a folder).
     func syncMetadata() throws(StoreError)
     /// `writer` stops cleanly: everything is synced and its running mark removed.
     func end(writer: String) throws(StoreError)
-}
-
-public extension Durability {
-    func sync(covering chunks: [ChunkRef]) throws(StoreError) { try sync() }
 }
 
 public final class LocalDurability: Durability, @unchecked Sendable {
@@ -67,12 +54,6 @@ public final class LocalDurability: Durability, @unchecked Sendable {
     private let mutex = StoreMutex()
     /// The last position this writer synced through: nothing to do while the log is not past it.
     private var syncedThrough: ChangeSeq = -1
-    /// The last position a durable commit covered (a file's sync, which leaves the mark).
-    private var durableThrough: ChangeSeq = -1
-    /// How far a file's sync has read the log for other writers' versions since `syncedThrough`,
-    /// and whether it found one (then only `sync()` covers their chunks).
-    private var scannedThrough: ChangeSeq = -1
-    private var othersWrote = false
     /// The writer `begin` started: commits of its own name only chunks its blob store wrote.
     private var writer: String?
 
@@ -201,39 +182,7 @@ public final class LocalDurability: Durability, @unchecked Sendable {
             // Commits that landed during the syncfs may name chunks it did not cover: only with
             // none in between does the mark's own position count as synced.
             syncedThrough = after == upTo + 1 ? after : upTo
-            durableThrough = max(durableThrough, after)
-            scannedThrough = syncedThrough
-            othersWrote = false
         }
-    }
-
-    public func sync(covering chunks: [ChunkRef]) throws(StoreError) {
-        let done = try mutex.withLock { () throws(StoreError) -> Bool in
-            let upTo = try position()
-            if upTo <= syncedThrough { return true }
-            // A first sync covers everything (syncfs); so does one after another writer's version.
-            guard syncedThrough >= 0, !othersWroteVersions(through: upTo) else { return false }
-            var ids = Set<BlobID>(minimumCapacity: chunks.count)
-            for c in chunks where c.blob != 0 { ids.insert(c.blob) }
-            guard try blobs.syncWritten(ids) else { return false }
-            if upTo > durableThrough {
-                try metadata.commit(Batch([]), durable: true)
-                durableThrough = upTo
-            }
-            return true
-        }
-        if !done { try sync() }
-    }
-
-    /// Whether a commit after `syncedThrough` may name chunks another writer wrote, reading only
-    /// the part of the log the last call did not. Caller holds `mutex`.
-    private func othersWroteVersions(through upTo: ChangeSeq) -> Bool {
-        if othersWrote { return true }
-        if upTo > scannedThrough {
-            othersWrote = othersMayHaveWritten(since: max(scannedThrough, syncedThrough))
-            scannedThrough = upTo
-        }
-        return othersWrote
     }
 
     /// Whether a commit after `seq` may name chunks another writer wrote: one of another

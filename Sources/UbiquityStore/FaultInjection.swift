@@ -12,7 +12,7 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     // MetadataStore
     case load, commit, changes, trim, reserve, versions, version
     // BlobStore (`blobVerify`: a fault makes `verify` return false)
-    case blobWrite, blobRead, blobDelete, syncAll, syncWritten, syncChunks, blobVerify
+    case blobWrite, blobRead, blobDelete, syncAll, syncWritten, blobVerify
     // WorkArea and WorkFile
     case workCreate, workLeftovers, workRead, workWrite, workTruncate, workMarkDirty, workMarkPages, workMarkSynced, workSetBase,
          workSetFinished, workSync
@@ -320,11 +320,6 @@ public class FaultInjectingBlobStore: BlobStore, @unchecked Sendable {
     public func syncWritten() throws(StoreError) {
         try plan.check(.syncWritten)
         try wrapped.syncWritten()
-    }
-
-    public func syncWritten(_ blobs: Set<BlobID>) throws(StoreError) -> Bool {
-        try plan.check(.syncChunks)
-        return try wrapped.syncWritten(blobs)
     }
 
     public func delete(_ blob: BlobID) throws(StoreError) {

@@ -7,8 +7,7 @@
 // whole filesystem) or by `syncWritten()`: an fdatasync of each chunk this object wrote since
 // its last sync and an fsync of their XX folders. syncfs writes back every dirty page of the
 // disk (other files' too), so an fsync of a small change costs what that change costs; past
-// `unsyncedLimit` chunks, one syncfs is cheaper than as many journal commits. One file's fsync
-// syncs only the listed chunks its version names (`syncWritten(_:)`); the rest stay listed.
+// `unsyncedLimit` chunks, one syncfs is cheaper than as many journal commits.
 //
 // Reads go through a bounded LRU cache of read-only fds. The cache lock guards only the map; the
 // pread runs outside it on a reference-counted `CachedFD` that closes its fd when the last user
@@ -82,24 +81,20 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
     /// The embedded store's space reserve: while it is in use, no new chunk is written.
     private let reserve: SpaceReserve?
     // `syncMutex` guards `unsynced` and `unsyncedOverflow`: the chunks written without a sync
-    // since the last `syncAll` or `syncWritten` (or, past `listLimit`, only that there were many).
+    // since the last `syncAll` or `syncWritten` (or, past the limit, only that there were many).
     // Never held across a system call.
     private let syncMutex = StoreMutex()
     private var unsynced: Set<BlobID> = []
     private var unsyncedOverflow = false
     /// More unsynced chunks than this are made durable by one syncfs.
     static let unsyncedLimit = 64
-    /// Chunks listed at most (128 KiB of ids): past it only a syncfs can make them durable.
-    let listLimit: Int
 
     /// Opens (creating if missing) `<directory>/blobs`. `fdCacheCapacity`: open read fds kept.
     public convenience init(directory: String, fdCacheCapacity: Int = 256) throws(StoreError) {
         try self.init(directory: directory, fdCacheCapacity: fdCacheCapacity, storeLock: nil)
     }
 
-    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?, reserve: SpaceReserve? = nil,
-         listLimit: Int = 16_384) throws(StoreError) {
-        self.listLimit = listLimit
+    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
         let blobsPath = directory + "/blobs"
         let tempPath = blobsPath + "/.tmp"
         try makeDirectories(directory)
@@ -198,7 +193,9 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
             if durable {
                 try fsyncDirectory(folder(of: id))
             } else {
-                noteUnsynced(id)
+                syncMutex.withLock {
+                    if unsynced.count < Self.unsyncedLimit { unsynced.insert(id) } else { unsyncedOverflow = true }
+                }
             }
             return ChunkRef(blob: id, length: UInt32(bytes.count), checksum: checksum)
         }
@@ -245,7 +242,9 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
                     throw error
                 }
             } else {
-                noteUnsynced(id)
+                syncMutex.withLock {
+                    if unsynced.count < Self.unsyncedLimit { unsynced.insert(id) } else { unsyncedOverflow = true }
+                }
             }
             return ChunkRef(blob: id, length: UInt32(length), checksum: checksum)
         }
@@ -322,55 +321,24 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
     private func sync(wholeDisk: Bool) throws(StoreError) {
         let taken = takeUnsynced()
         do throws(StoreError) {
-            if wholeDisk || taken.overflow || taken.ids.count > Self.unsyncedLimit {
-                return try syncFilesystem(blobsFD, path: blobsPath)
+            if wholeDisk || taken.overflow { return try syncFilesystem(blobsFD, path: blobsPath) }
+            var folders = Set<UInt8>()
+            for id in taken.ids {
+                let file = path(of: id)
+                let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+                if fd < 0 {
+                    if errno == ENOENT { continue }   // deleted since (a failed publish's): named by no commit
+                    throw systemError("open blob", file, errno)
+                }
+                defer { close(fd) }
+                try fdatasyncChecked(fd, path: file)
+                folders.insert(UInt8(truncatingIfNeeded: id))
             }
-            try syncFiles(taken.ids)
+            // The renames into the XX folders: without these, a synced file may have no name.
+            for low in folders { try fsyncDirectory(folder(of: BlobID(low))) }
         } catch {
             giveBack(taken)
             throw error
-        }
-    }
-
-    public func syncWritten(_ blobs: Set<BlobID>) throws(StoreError) -> Bool {
-        let taken = syncMutex.withLock { () -> Set<BlobID>? in
-            if unsyncedOverflow { return nil }
-            if unsynced.isEmpty || blobs.isEmpty { return [] }
-            let mine = blobs.intersection(unsynced)
-            if mine.count > Self.unsyncedLimit { return nil }   // one syncfs costs less
-            unsynced.subtract(mine)
-            return mine
-        }
-        guard let taken else { return false }
-        if taken.isEmpty { return true }
-        do throws(StoreError) { try syncFiles(taken) } catch {
-            giveBack((taken, false))
-            throw error
-        }
-        return true
-    }
-
-    /// An fdatasync of each of `ids`, then an fsync of their folders.
-    private func syncFiles(_ ids: Set<BlobID>) throws(StoreError) {
-        var folders = Set<UInt8>()
-        for id in ids {
-            let file = path(of: id)
-            let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
-            if fd < 0 {
-                if errno == ENOENT { continue }   // deleted since (a failed publish's): named by no commit
-                throw systemError("open blob", file, errno)
-            }
-            defer { close(fd) }
-            try fdatasyncChecked(fd, path: file)
-            folders.insert(UInt8(truncatingIfNeeded: id))
-        }
-        // The renames into the XX folders: without these, a synced file may have no name.
-        for low in folders { try fsyncDirectory(folder(of: BlobID(low))) }
-    }
-
-    private func noteUnsynced(_ id: BlobID) {
-        syncMutex.withLock {
-            if unsynced.count < listLimit { unsynced.insert(id) } else { unsyncedOverflow = true }
         }
     }
 
@@ -385,7 +353,7 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
     private func giveBack(_ taken: (ids: Set<BlobID>, overflow: Bool)) {
         syncMutex.withLock {
             unsynced.formUnion(taken.ids)
-            if taken.overflow || unsynced.count > listLimit { unsyncedOverflow = true }
+            if taken.overflow || unsynced.count > Self.unsyncedLimit { unsyncedOverflow = true }
         }
     }
 

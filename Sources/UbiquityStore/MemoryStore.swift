@@ -291,11 +291,6 @@ public final class MemoryBlobStore: BlobStore, @unchecked Sendable {
         mutex.withLock { unsynced = [] }
     }
 
-    public func syncWritten(_ blobs: Set<BlobID>) throws(StoreError) -> Bool {
-        mutex.withLock { unsynced.subtract(blobs) }
-        return true
-    }
-
     public func delete(_ blob: BlobID) throws(StoreError) {
         mutex.withLock {
             blobs[blob] = nil

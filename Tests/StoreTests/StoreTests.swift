@@ -706,11 +706,11 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertTrue(syncs() == (2, 1), "nothing committed since: nothing to sync: \(syncs())")
     }
 
-    /// The embedded blob store lists the chunks it wrote unsynced, up to a limit past which only
-    /// a sync of the whole disk can cover them; a sync empties the list, a failed one keeps it,
-    /// a deleted chunk leaves it; one file's sync takes only its chunks.
+    /// The embedded blob store lists the chunks it wrote unsynced, up to a limit past which it
+    /// syncs the whole disk; a sync empties the list, a failed one keeps it, a deleted chunk
+    /// leaves it.
     func testTheBlobStoreListsItsUnsyncedChunks() throws {
-        let blobs = try LocalBlobStore(directory: fixture.directory, fdCacheCapacity: 8, storeLock: nil, listLimit: 100)
+        let blobs = try LocalBlobStore(directory: fixture.directory)
         let first = try writeBlob(blobs, [1])
         let second = try writeBlob(blobs, [2])
         _ = try writeBlob(blobs, [3], durable: true)
@@ -723,24 +723,9 @@ final class EmbeddedStoreTests: XCTestCase {
         try blobs.syncWritten()
         XCTAssertEqual(blobs.unsyncedChunks.ids, [])
         XCTAssertFalse(blobs.unsyncedChunks.overflow)
-        // One file's sync: the listed chunks among those it names, and no other.
-        let (a, b, c) = (try writeBlob(blobs, [6]), try writeBlob(blobs, [7]), try writeBlob(blobs, [8]))
-        XCTAssertTrue(try blobs.syncWritten([a.blob, c.blob, first.blob]))
-        XCTAssertEqual(blobs.unsyncedChunks.ids, [b.blob])
-        XCTAssertTrue(try blobs.syncWritten([]))
-        XCTAssertEqual(blobs.unsyncedChunks.ids, [b.blob])
-        try blobs.syncWritten()
-        var many: [BlobID] = []
-        for i in 0..<100 { many.append(try writeBlob(blobs, [UInt8(truncatingIfNeeded: i), 9]).blob) }
-        XCTAssertFalse(try blobs.syncWritten(Set(many)), "more than one syncfs costs: the caller syncs everything")
-        XCTAssertEqual(blobs.unsyncedChunks.ids.count, 100, "and they stay listed")
-        XCTAssertEqual(blobs.unsyncedChunks.ids.count, 100)
-        XCTAssertFalse(blobs.unsyncedChunks.overflow)
-        let last = try writeBlob(blobs, [0, 10])
-        XCTAssertEqual(blobs.unsyncedChunks.ids.count, 100)
-        XCTAssertTrue(blobs.unsyncedChunks.overflow, "past the limit, only a syncfs covers them")
-        XCTAssertFalse(try blobs.syncWritten([last.blob]), "one file's sync cannot tell which are unsynced")
-        XCTAssertTrue(blobs.unsyncedChunks.overflow)
+        for i in 0...LocalBlobStore.unsyncedLimit { _ = try writeBlob(blobs, [UInt8(truncatingIfNeeded: i), 9]) }
+        XCTAssertEqual(blobs.unsyncedChunks.ids.count, LocalBlobStore.unsyncedLimit)
+        XCTAssertTrue(blobs.unsyncedChunks.overflow, "past the limit, the next sync is one syncfs")
         try blobs.syncWritten()
         XCTAssertEqual(blobs.unsyncedChunks.ids, [])
         XCTAssertFalse(blobs.unsyncedChunks.overflow)
@@ -1011,62 +996,6 @@ final class MemoryStoreTests: XCTestCase {
                       "only the versions after the last sync are read: \(repairs)")
         XCTAssertEqual(try metadata.versions(of: 7).map(\.id), [1, 3])
         XCTAssertEqual(try metadata.load().nodes.first { $0.ino == 7 }?.currentVersion, 3, "the current version is whole and stays")
-    }
-
-    /// One file's fsync makes every commit durable and that file's chunks, not every chunk
-    /// written since: the mark stays, so after a power cut the check still finds the other
-    /// files' versions that lost content, and the synced file keeps its version. A chunk another
-    /// writer may have written needs the whole sync.
-    func testAFilesSyncCoversItsChunksAndEveryCommit() throws {
-        let plan = FaultPlan()
-        let store = faultInjecting(fixture.store, plan: plan)
-        let metadata = try XCTUnwrap(fixture.store.metadata as? MemoryMetadataStore)
-        let blobs = try XCTUnwrap(fixture.store.blobs as? MemoryBlobStore)
-        let work = try XCTUnwrap(fixture.store.work as? MemoryWorkArea)
-        _ = try store.durability.begin(writer: "A", snapshot: try store.metadata.load())
-        func publish(_ ino: InodeNumber, version: VersionID, _ bytes: [UInt8], by writer: String = "A") throws -> ChunkRef {
-            let chunk = try writeBlob(store.blobs, bytes)
-            try store.metadata.commit(Batch([.putVersion(Sample.version(version, ino: ino, chunks: [chunk])),
-                                             .putNode(Sample.node(ino, size: UInt64(bytes.count), version: version))],
-                                            writer: writer), durable: false)
-            return chunk
-        }
-        let first = try publish(7, version: 1, [1])
-        try store.durability.sync(covering: [first])
-        XCTAssertEqual(plan.callCount(.syncAll), 1, "a writer's first sync covers everything")
-        let mark = try metadata.load().meta[LocalDurability.syncedKey]
-
-        _ = try publish(8, version: 2, [2, 2])
-        let third = try publish(7, version: 3, [3, 3, 3])
-        let durable = metadata.commitCounts.durable
-        try store.durability.sync(covering: [first, third])
-        XCTAssertEqual(plan.callCount(.syncChunks), 1)
-        XCTAssertEqual(plan.callCount(.syncAll), 1, "no syncfs")
-        XCTAssertEqual(metadata.commitCounts.durable, durable + 1, "one durable commit")
-        XCTAssertEqual(try metadata.load().meta[LocalDurability.syncedKey], mark, "the mark stays")
-        try store.durability.sync(covering: [first, third])
-        XCTAssertEqual(metadata.commitCounts.durable, durable + 1, "nothing committed since: no durable commit")
-
-        metadata.simulatePowerCut()
-        blobs.simulatePowerCut()
-        work.simulatePowerCut()
-        let repairs = try store.durability.begin(writer: "B", snapshot: try metadata.load())
-        XCTAssertTrue(repairs.first?.hasSuffix("checked 2 versions of 2 files committed since") ?? false, "\(repairs)")
-        let nodes = try metadata.load().nodes
-        XCTAssertEqual(nodes.first { $0.ino == 7 }?.currentVersion, 3, "the synced file keeps its version")
-        XCTAssertEqual(nodes.first { $0.ino == 8 }?.currentVersion, nil, "the other file's version lost its chunk: \(repairs)")
-
-        // B's sync, then a version of another writer's: a file's sync of B's is a whole one.
-        _ = try store.durability.begin(writer: "B", snapshot: try metadata.load())
-        try store.durability.sync()
-        let syncs = plan.callCount(.syncAll)
-        let fourth = try publish(7, version: 4, [4], by: "B")
-        try store.durability.sync(covering: [fourth])
-        XCTAssertEqual(plan.callCount(.syncAll), syncs, "its own chunk only")
-        _ = try publish(9, version: 5, [5], by: "C")
-        let sixth = try publish(7, version: 6, [6], by: "B")
-        try store.durability.sync(covering: [sixth])
-        XCTAssertEqual(plan.callCount(.syncAll), syncs + 1, "another writer's version since the mark: everything")
     }
 
     /// A commit that lands while a sync's syncfs runs may name chunks the syncfs missed: the next
