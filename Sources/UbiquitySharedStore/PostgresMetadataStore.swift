@@ -74,7 +74,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
     // MARK: Rows
 
     private static let nodeColumns = "ino, container, kind, mode, uid, gid, nlink, size, atime, mtime, ctime, btime, rdev, target, current_version"
-    private static let versionColumns = "id, ino, created, size, origin, device, chunks"
+    private static let versionColumns = "id, ino, created, size, origin, device, chunks, moved_from"
 
     private func corrupt(_ what: String) -> StoreError {
         StoreError(.corrupt, "\(redacted(url)): \(what)")
@@ -102,7 +102,8 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             throw corrupt("version \(id) has a malformed chunk list")
         }
         return VersionRecord(id: id, ino: r.uint(i, 1), created: r.int(i, 2), size: r.uint(i, 3),
-                             chunks: chunks, origin: origin, device: r.text(i, 5))
+                             chunks: chunks, origin: origin, device: r.text(i, 5),
+                             movedFrom: r.isNull(i, 7) ? nil : r.uint(i, 7))
     }
 
     private func versions(_ r: PGResult) throws(StoreError) -> [VersionRecord] {
@@ -143,7 +144,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             }
             s.containers = try readContainers()
             s.currentVersions = try versions(c.query("""
-                SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks
+                SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks, v.moved_from
                 FROM ubiquityfs.versions v JOIN ubiquityfs.nodes n ON n.current_version = v.id ORDER BY v.id
                 """))
             let meta = try c.query("SELECT key, value FROM ubiquityfs.meta")
@@ -369,9 +370,10 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             try c.execute("DELETE FROM ubiquityfs.xattrs WHERE ino = $1 AND name = $2", [.int(Int64(bitPattern: ino)), .bytes(name)])
         case .putVersion(let v):
             // Plain INSERT: versions are immutable, a second put of one id is an error.
-            try c.execute("INSERT INTO ubiquityfs.versions(\(Self.versionColumns)) VALUES($1, $2, $3, $4, $5, $6, $7)",
+            try c.execute("INSERT INTO ubiquityfs.versions(\(Self.versionColumns)) VALUES($1, $2, $3, $4, $5, $6, $7, $8)",
                           [.int(v.id), .int(Int64(bitPattern: v.ino)), .int(v.created), .int(Int64(bitPattern: v.size)),
-                           .text(v.origin.rawValue), .text(v.device), .bytes(ChunkPacking.pack(v.chunks))])
+                           .text(v.origin.rawValue), .text(v.device), .bytes(ChunkPacking.pack(v.chunks)),
+                           .int(v.movedFrom.map { Int64(bitPattern: $0) })])
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let r):
             try c.execute("""
@@ -387,7 +389,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         case .deleteVersion(let id):
             try c.execute("DELETE FROM ubiquityfs.versions WHERE id = $1", [.int(id)])
         case .moveVersions(let from, let to):
-            try c.execute("UPDATE ubiquityfs.versions SET ino = $2 WHERE ino = $1",
+            try c.execute("UPDATE ubiquityfs.versions SET ino = $2, moved_from = coalesce(moved_from, $1) WHERE ino = $1",
                           [.int(Int64(bitPattern: from)), .int(Int64(bitPattern: to))])
         case .deleteMeta(let key):
             try c.execute("DELETE FROM ubiquityfs.meta WHERE key = $1", [.text(key)])

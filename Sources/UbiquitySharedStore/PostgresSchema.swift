@@ -15,8 +15,9 @@
 import Foundation
 import UbiquityStore
 
-/// 1: the first shared schema. 2: `tokens`, the tokens of trimmed change-log rows.
-let postgresSchemaVersion: Int64 = 2
+/// 1: the first shared schema. 2: `tokens`, the tokens of trimmed change-log rows. 3: each
+/// version's `moved_from` (the file it was published for, when moved into another's history).
+let postgresSchemaVersion: Int64 = 3
 
 /// The channel other machines LISTEN on; a commit NOTIFYs it.
 let changeChannel = "ubiquityfs_changes"
@@ -83,7 +84,8 @@ let postgresSchemaSQL = """
         size bigint NOT NULL,
         origin text NOT NULL,
         device text NOT NULL,
-        chunks bytea NOT NULL
+        chunks bytea NOT NULL,
+        moved_from bigint
     );
     CREATE INDEX IF NOT EXISTS versions_by_ino ON ubiquityfs.versions(ino, id);
     CREATE TABLE IF NOT EXISTS ubiquityfs.containers(
@@ -142,8 +144,7 @@ func schemaState(_ c: PGConnection) throws(StoreError) -> SchemaState {
     return r.count == 0 ? .missing : .version(r.int(0, 0))
 }
 
-/// Refuses a schema this binary does not know; brings an older one forward (none yet: version 1
-/// is the first) in one transaction.
+/// Refuses a schema this binary does not know; brings an older one forward (`migrate`).
 func checkSchema(_ c: PGConnection, url: String, create: Bool) throws(StoreError) {
     switch try schemaState(c) {
     case .missing:
@@ -179,6 +180,8 @@ private func migrate(_ c: PGConnection, from: Int64) throws(StoreError) {
         // A COMMIT whose answer was lost is looked up by its token even after the change log
         // dropped its row.
         1: "CREATE TABLE IF NOT EXISTS ubiquityfs.tokens(token text PRIMARY KEY, seq bigint NOT NULL, trimmed bigint NOT NULL)",
+        // A power cut's revert goes back only to a file's own versions.
+        2: "ALTER TABLE ubiquityfs.versions ADD COLUMN IF NOT EXISTS moved_from bigint",
     ]
     for version in from..<postgresSchemaVersion {
         guard let sql = steps[version] else {

@@ -329,10 +329,14 @@ public struct VersionRecord: Sendable, Equatable, Codable {
     public var origin: VersionOrigin
     /// Host that published it (for conflict copies later).
     public var device: String
+    /// The file it was published for, when `moveVersions` took it into this one's history (a
+    /// rename over that file, a repair); nil for the file's own. A revert after a power cut goes
+    /// back only to a file's own content: a moved-in version is content this file never held.
+    public var movedFrom: InodeNumber?
     public init(id: VersionID, ino: InodeNumber, created: Int64, size: UInt64, chunks: [ChunkRef],
-                origin: VersionOrigin, device: String) {
+                origin: VersionOrigin, device: String, movedFrom: InodeNumber? = nil) {
         self.id = id; self.ino = ino; self.created = created; self.size = size
-        self.chunks = chunks; self.origin = origin; self.device = device
+        self.chunks = chunks; self.origin = origin; self.device = device; self.movedFrom = movedFrom
     }
 }
 
@@ -373,7 +377,8 @@ public enum Mutation: Sendable, Equatable, Codable {
     case setMeta(key: String, value: String)
     case deleteMeta(key: String)
     /// Give every version of `from` to `to` (a file replaced by rename keeps its history with
-    /// the file that replaced it, as an editor's atomic save expects).
+    /// the file that replaced it, as an editor's atomic save expects); each keeps, in
+    /// `movedFrom`, the file it was first published for.
     case moveVersions(from: InodeNumber, to: InodeNumber)
     /// Forget one version (retention); its blobs are the caller's to free.
     case deleteVersion(VersionID)

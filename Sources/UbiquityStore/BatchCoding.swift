@@ -25,11 +25,13 @@ package enum BatchCoding {
             case .putXattr(let x): w.byte(5); w.u64(x.ino); w.bytes(x.name); w.bytes(x.value)
             case .deleteXattr(let ino, let name): w.byte(6); w.u64(ino); w.bytes(name)
             case .putVersion(let v):
-                w.byte(7)
+                // 13: one moved in from another file (a replica's copy of a snapshot); 7 otherwise.
+                w.byte(v.movedFrom == nil ? 7 : 13)
                 w.i64(v.id); w.u64(v.ino); w.i64(v.created); w.u64(v.size)
                 w.string(v.origin.rawValue); w.string(v.device)
                 w.varint(UInt64(v.chunks.count))
                 for c in v.chunks { w.u64(c.blob); w.u32(c.length); w.u64(c.checksum) }
+                if let from = v.movedFrom { w.u64(from) }
             case .putContainer(let c):
                 w.byte(8)
                 w.string(c.identifier); w.string(c.bundleIdentifier); w.string(c.name)
@@ -147,7 +149,7 @@ package enum BatchCoding {
             case 6:
                 guard let ino = u64(), let name = data() else { return nil }
                 return .deleteXattr(ino: ino, name: name)
-            case 7:
+            case 7, 13:
                 guard let id = i64(), let ino = u64(), let created = i64(), let size = u64(),
                       let rawOrigin = string(), let origin = VersionOrigin(rawValue: rawOrigin), let device = string(),
                       let count = varint(), count <= UInt64(bytes.count - at) / 20 else { return nil }
@@ -157,8 +159,13 @@ package enum BatchCoding {
                     guard let blob = u64(), let length = u32(), let checksum = u64() else { return nil }
                     chunks.append(ChunkRef(blob: blob, length: length, checksum: checksum))
                 }
+                var movedFrom: InodeNumber?
+                if tag == 13 {
+                    guard let from = u64() else { return nil }
+                    movedFrom = from
+                }
                 return .putVersion(VersionRecord(id: id, ino: ino, created: created, size: size, chunks: chunks,
-                                                 origin: origin, device: device))
+                                                 origin: origin, device: device, movedFrom: movedFrom))
             case 8:
                 guard let identifier = string(), let bundle = string(), let name = string(), let isPublic = byte(),
                       let levels = string(), let version = string(), let manifest = string(), let root = u64() else { return nil }

@@ -16,7 +16,8 @@
 //   cannot say (trimmed, unreadable), or past the blob store's limit of listed chunks.
 // - At a writer's start after such a stop, every version committed after the mark (the change
 //   log says which) has its chunks checked against their checksums; a file whose current content
-//   did not reach the disk goes back to its newest whole version, and versions that lost content
+//   did not reach the disk goes back to its newest whole version of its own (failing that, to
+//   what a rename over another file replaced; failing that, empty), and versions that lost content
 //   leave its history (their bytes are gone; a restore of one would give garbage). Where the log
 //   was trimmed past the mark, every version of each file changed since is checked. The reverts are ordinary batches of the
 //   change log (expecting the node unchanged, so a file another writer published since is left
@@ -129,8 +130,13 @@ public final class LocalDurability: Durability, @unchecked Sendable {
                 var reverted: String?
                 if let version = n.currentVersion, lostIDs.contains(version) {
                     // Back to the newest whole version of the file's own line (a recovered or
-                    // conflict version is never made current by itself).
-                    let good = all.last { $0.id < version && !lostIDs.contains($0.id) && $0.origin != .recovered && $0.origin != .conflict }
+                    // conflict version is never made current by itself). A version a rename over
+                    // another file moved in is content this file never held: only when the file
+                    // has no whole version of its own does the name go back to what it held
+                    // before that rename (as a disk that keeps a rename over a file only with the
+                    // renamed file's content), rather than to nothing.
+                    let usable = all.filter { !lostIDs.contains($0.id) && $0.origin != .recovered && $0.origin != .conflict }
+                    let good = usable.last { $0.movedFrom == nil && $0.id < version } ?? usable.last { $0.movedFrom != nil }
                     var node = n
                     node.currentVersion = good?.id
                     node.size = good?.size ?? 0

@@ -137,7 +137,10 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
                 case .deleteVersion(let id):
                     s.versions[id] = nil
                 case .moveVersions(let from, let to):
-                    for (id, v) in s.versions where v.ino == from { s.versions[id]!.ino = to }
+                    for (id, v) in s.versions where v.ino == from {
+                        s.versions[id]!.ino = to
+                        if v.movedFrom == nil { s.versions[id]!.movedFrom = from }
+                    }
                 case .setMeta(let key, let value):
                     s.meta[key] = value
                 case .deleteMeta(let key):

@@ -33,7 +33,8 @@ func errnoForSQLite(_ code: Int32) -> Int32 {
 }
 
 /// 1: the single-writer store. 2: the change log (`changes`) and each node's last change.
-private let schemaVersion: Int64 = 2
+/// 3: each version's `moved_from` (the file it was published for, when moved into another's).
+private let schemaVersion: Int64 = 3
 
 private let schemaSQL = """
     CREATE TABLE IF NOT EXISTS store_meta(
@@ -86,7 +87,8 @@ private let schemaSQL = """
         size INTEGER NOT NULL,
         origin TEXT NOT NULL,
         device TEXT NOT NULL,
-        chunks BLOB NOT NULL
+        chunks BLOB NOT NULL,
+        moved_from INTEGER
     );
     CREATE INDEX IF NOT EXISTS versions_by_ino ON versions(ino, id);
     CREATE TABLE IF NOT EXISTS containers(
@@ -164,12 +166,15 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public init(readOnlyPath path: String) throws(StoreError) {
         let handle = try Self.connect(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, what: "open \(path) to read")
         sqlite3_busy_timeout(handle, 5000)
+        var columns = Self.versionColumnNames
         do throws(StoreError) {
             let version = try Self.scalarInt(handle, "SELECT value FROM store_meta WHERE key='schema_version'", path: path) ?? -1
             if version > schemaVersion || version < 1 {
                 throw StoreError(.corrupt, "\(path): the store has schema version \(version), and this ubiquityfs "
                                  + "knows versions 1 to \(schemaVersion): use a newer ubiquityfs")
             }
+            // A store no daemon of this version has opened yet (read, not migrated).
+            if version < 3 { columns = Self.versionColumnsBefore3 }
         } catch {
             sqlite3_close_v2(handle)
             throw error
@@ -179,6 +184,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         folder = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         storeLock = nil
         reserve = nil
+        versionColumns = columns
     }
 
     init(path: String, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
@@ -246,6 +252,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 // The change log table came with the schema above; nodes gain their last change.
                 try exec(db, "ALTER TABLE nodes ADD COLUMN change_seq INTEGER NOT NULL DEFAULT 0", path: path)
                 version = 2
+            }
+            if version == 2 {
+                // (A table the schema above just made has the column already.)
+                let has = try scalarInt(db, "SELECT count(*) FROM pragma_table_info('versions') WHERE name = 'moved_from'", path: path)
+                if has == 0 { try exec(db, "ALTER TABLE versions ADD COLUMN moved_from INTEGER", path: path) }
+                version = 3
             }
             try exec(db, "UPDATE store_meta SET value = \(version) WHERE key = 'schema_version'", path: path)
             try exec(db, "COMMIT", path: path)
@@ -379,7 +391,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     // MARK: Row decoding
 
     private static let nodeColumns = "ino, container, kind, mode, uid, gid, nlink, size, atime, mtime, ctime, btime, rdev, target, current_version"
-    private static let versionColumns = "id, ino, created, size, origin, device, chunks"
+    private static let versionColumnNames = "id, ino, created, size, origin, device, chunks, moved_from"
+    private static let versionColumnsBefore3 = "id, ino, created, size, origin, device, chunks, NULL"
+    private var versionColumns = SQLiteMetadataStore.versionColumnNames
 
     private func decodeNode(_ r: Row) throws(StoreError) -> NodeRecord {
         let ino = r.uint(0)
@@ -405,7 +419,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             throw StoreError(errno: EIO, "\(path): version \(id) has a malformed chunk list")
         }
         return VersionRecord(id: id, ino: r.uint(1), created: r.int(2), size: r.uint(3),
-                             chunks: chunks, origin: origin, device: r.text(5))
+                             chunks: chunks, origin: origin, device: r.text(5), movedFrom: r.isNull(7) ? nil : r.uint(7))
     }
 
     // MARK: MetadataStore
@@ -432,8 +446,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             })
             s.containers = try readContainers()
             try run("""
-                SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks
-                FROM versions v JOIN nodes n ON n.current_version = v.id ORDER BY v.id
+                SELECT \(versionColumns) FROM versions
+                WHERE id IN (SELECT current_version FROM nodes WHERE current_version IS NOT NULL) ORDER BY id
                 """, row: { (r) throws(StoreError) in
                 s.currentVersions.append(try decodeVersion(r))
             })
@@ -851,7 +865,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             }
         case .putVersion(let v):
             // Plain INSERT: versions are immutable, a second put of one id is an error.
-            try run("INSERT INTO versions(\(Self.versionColumns)) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)") { b throws(StoreError) in
+            try run("INSERT INTO versions(\(Self.versionColumnNames)) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)") { b throws(StoreError) in
                 try b.int(1, v.id)
                 try b.uint(2, v.ino)
                 try b.int(3, v.created)
@@ -859,6 +873,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.text(5, v.origin.rawValue)
                 try b.text(6, v.device)
                 try b.blob(7, ChunkPacking.pack(v.chunks))
+                if let from = v.movedFrom { try b.uint(8, from) }
             }
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let c):
@@ -879,7 +894,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         case .deleteVersion(let id):
             try run("DELETE FROM versions WHERE id = ?1") { b throws(StoreError) in try b.int(1, id) }
         case .moveVersions(let from, let to):
-            try run("UPDATE versions SET ino = ?2 WHERE ino = ?1") { b throws(StoreError) in
+            try run("UPDATE versions SET ino = ?2, moved_from = coalesce(moved_from, ?1) WHERE ino = ?1") { b throws(StoreError) in
                 try b.uint(1, from)
                 try b.uint(2, to)
             }
@@ -896,7 +911,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
-            try run("SELECT \(Self.versionColumns) FROM versions WHERE ino = ?1 ORDER BY id",
+            try run("SELECT \(versionColumns) FROM versions WHERE ino = ?1 ORDER BY id",
                     bind: { b throws(StoreError) in try b.uint(1, ino) },
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
             return result
@@ -906,7 +921,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
-            try run("SELECT \(Self.versionColumns) FROM versions ORDER BY id",
+            try run("SELECT \(versionColumns) FROM versions ORDER BY id",
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
             return result
         }
@@ -915,7 +930,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
-            try run("SELECT \(Self.versionColumns) FROM versions WHERE origin = ?1 ORDER BY id",
+            try run("SELECT \(versionColumns) FROM versions WHERE origin = ?1 ORDER BY id",
                     bind: { b throws(StoreError) in try b.text(1, origin.rawValue) },
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
             return result
@@ -925,7 +940,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try mutex.withLock { () throws(StoreError) -> VersionRecord? in
             var result: VersionRecord?
-            try run("SELECT \(Self.versionColumns) FROM versions WHERE id = ?1",
+            try run("SELECT \(versionColumns) FROM versions WHERE id = ?1",
                     bind: { b throws(StoreError) in try b.int(1, id) },
                     row: { (r) throws(StoreError) in result = try decodeVersion(r) })
             return result

@@ -123,6 +123,7 @@ final class PostgresStoreTests: XCTestCase {
     func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
     func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
     func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testMovedVersionsRememberTheirFile() throws { try StoreSuite.movedVersionsRememberTheirFile(fixture) }
     func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
     func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
     func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
@@ -195,13 +196,16 @@ final class PostgresStoreTests: XCTestCase {
     /// A missing schema is a clear error pointing at init-store; a newer one is refused; a
     /// second init-store changes nothing.
     /// A store of schema version 1 is brought forward when opened; the tokens of trimmed change
-    /// log rows still say where a COMMIT whose answer was lost landed.
+    /// log rows still say where a COMMIT whose answer was lost landed; versions gain `moved_from`.
     func testAnOlderSchemaIsBroughtForwardAndTokensOutliveTheLog() throws {
         let c = fixture.connection()
         try c.query("DROP TABLE ubiquityfs.tokens")
+        try c.query("ALTER TABLE ubiquityfs.versions DROP COLUMN moved_from")
         try c.query("UPDATE ubiquityfs.store SET value = 1 WHERE key = 'schema_version'")
         let store = try PostgresMetadataStore(url: fixture.url)
-        XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 2)
+        XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 3)
+        try store.commit([.putVersion(Sample.version(1, ino: 2)), .moveVersions(from: 2, to: 3)], durable: false)
+        XCTAssertEqual(try store.versions(of: 3).map(\.movedFrom), [2])
         var unknown: Int32?
         let seq = try store.commit(Batch([.setMeta(key: "k", value: "v")], writer: "w"), token: "token-1", unknownOutcome: &unknown)
         try store.trimChanges(keepingLast: 0)
@@ -358,6 +362,7 @@ final class S3StoreTests: XCTestCase {
     func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
     func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
     func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testMovedVersionsRememberTheirFile() throws { try StoreSuite.movedVersionsRememberTheirFile(fixture) }
     func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
     func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
     func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }

@@ -299,6 +299,29 @@ enum StoreSuite {
         XCTAssertEqual(try m.load().currentVersions, [Sample.version(20, ino: 1)])
     }
 
+    /// A rename over a file gives its versions to the file that replaced it; each remembers the
+    /// file it was published for (a power cut's revert goes back only to a file's own), through
+    /// a second move, a reopen and the change log.
+    static func movedVersionsRememberTheirFile(_ f: StoreFixture) throws {
+        let m = try f.open().metadata
+        try m.commit([.putVersion(Sample.version(1, ino: 5)), .putVersion(Sample.version(2, ino: 6)),
+                      .putNode(Sample.node(5, version: 1)), .putNode(Sample.node(6, version: 2))], durable: false)
+        let from = try m.load().seq
+        try m.commit([.moveVersions(from: 5, to: 6), .deleteNode(5)], durable: false)
+        try m.commit([.putVersion(Sample.version(3, ino: 6))], durable: false)
+        XCTAssertEqual(try m.versions(of: 6).map(\.movedFrom), [5, nil, nil])
+        try m.commit([.putNode(Sample.node(7)), .moveVersions(from: 6, to: 7), .putNode(Sample.node(7, version: 1)),
+                      .deleteNode(6)], durable: true)
+        XCTAssertEqual(try m.versions(of: 7).map(\.movedFrom), [5, 6, 6], "a second move keeps the first file")
+        XCTAssertEqual(try m.version(1)?.movedFrom, 5)
+        XCTAssertEqual(try m.load().currentVersions.map(\.movedFrom), [5])
+        XCTAssertEqual(try m.allVersions().map(\.movedFrom), [5, 6, 6])
+        XCTAssertEqual(try m.versions(withOrigin: .published).map(\.ino), [7, 7, 7])
+        XCTAssertEqual(try f.open().metadata.versions(of: 7).map(\.movedFrom), [5, 6, 6], "after a reopen")
+        let moves = try m.changes(since: from).flatMap(\.mutations).filter { if case .moveVersions = $0 { true } else { false } }
+        XCTAssertEqual(moves, [.moveVersions(from: 5, to: 6), .moveVersions(from: 6, to: 7)])
+    }
+
     static func durableCommitAndEmptyBatches(_ f: StoreFixture) throws {
         do {
             let m = try f.open().metadata

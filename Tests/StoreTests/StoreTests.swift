@@ -21,6 +21,7 @@ final class EmbeddedStoreTests: XCTestCase {
     func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
     func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
     func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testMovedVersionsRememberTheirFile() throws { try StoreSuite.movedVersionsRememberTheirFile(fixture) }
     func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
     func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
     func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
@@ -246,8 +247,9 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(try fixture.open().work.leftovers().first?.finished, false)
     }
 
-    /// A store made by the single-writer version (schema 1: no change log, no per-node change)
-    /// opens with a forward migration, keeping its data; a newer schema is refused clearly.
+    /// A store made by the single-writer version (schema 1: no change log, no per-node change, no
+    /// versions' `moved_from`) is read as it is by a read-only look, and opens with a forward
+    /// migration, keeping its data; a newer schema is refused clearly.
     func testSchemaOneIsMigratedAndNewerIsRefused() throws {
         try FileManager.default.createDirectory(atPath: fixture.directory, withIntermediateDirectories: true)
         let db = fixture.directory + "/metadata.sqlite3"
@@ -259,8 +261,11 @@ final class EmbeddedStoreTests: XCTestCase {
                 mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL, nlink INTEGER NOT NULL,
                 size INTEGER NOT NULL, atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL,
                 btime INTEGER NOT NULL, rdev INTEGER NOT NULL, target BLOB NOT NULL, current_version INTEGER);
-            INSERT INTO store_meta VALUES('schema_version', 1), ('max_ino', 40), ('max_version', 0);
+            CREATE TABLE versions(id INTEGER PRIMARY KEY, ino INTEGER NOT NULL, created INTEGER NOT NULL,
+                size INTEGER NOT NULL, origin TEXT NOT NULL, device TEXT NOT NULL, chunks BLOB NOT NULL);
+            INSERT INTO store_meta VALUES('schema_version', 1), ('max_ino', 40), ('max_version', 7);
             INSERT INTO nodes VALUES(40, 'iCloud.x', 1, 420, 0, 0, 1, 0, 1, 2, 3, 4, 0, x'', NULL);
+            INSERT INTO versions VALUES(7, 40, 5, 0, 'published', 'host', x'');
             """
         let sqlite = Process()
         sqlite.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
@@ -268,8 +273,11 @@ final class EmbeddedStoreTests: XCTestCase {
         try sqlite.run()
         sqlite.waitUntilExit()
         XCTAssertEqual(sqlite.terminationStatus, 0)
+        let version7 = VersionRecord(id: 7, ino: 40, created: 5, size: 0, chunks: [], origin: .published, device: "host")
+        XCTAssertEqual(try SQLiteMetadataStore(readOnlyPath: db).versions(of: 40), [version7], "read as it is")
         do {
             let m = try fixture.open().metadata
+            XCTAssertEqual(try m.versions(of: 40), [version7])
             let s = try m.load()
             XCTAssertEqual(s.nodes.map(\.ino), [40])
             XCTAssertEqual(s.nodeChanges[40], 0)
@@ -284,7 +292,7 @@ final class EmbeddedStoreTests: XCTestCase {
         try later.run()
         later.waitUntilExit()
         XCTAssertThrowsError(try fixture.open()) { error in
-            XCTAssertTrue("\(error)".contains("schema version 99, and this ubiquityfs knows versions 1 to 2: use a newer ubiquityfs"),
+            XCTAssertTrue("\(error)".contains("schema version 99, and this ubiquityfs knows versions 1 to 3: use a newer ubiquityfs"),
                           "\(error)")
         }
     }
@@ -319,6 +327,8 @@ final class EmbeddedStoreTests: XCTestCase {
             .deleteXattr(ino: 2, name: Array("user.x".utf8)),
             .putVersion(Sample.version(9, ino: 2, origin: .conflict)),
             .putVersion(VersionRecord(id: -1, ino: 0, created: Int64.min, size: 0, chunks: [], origin: .recovered, device: "")),
+            .putVersion(VersionRecord(id: 3, ino: 2, created: 1, size: 0, chunks: [], origin: .published, device: "h",
+                                      movedFrom: UInt64.max)),
             .putContainer(Sample.containerRecord(root: 7)),
             .setMeta(key: "running/host ✓", value: "ab"),
             .deleteMeta(key: "k"),
@@ -896,6 +906,7 @@ final class MemoryStoreTests: XCTestCase {
     func testFailedCommitByFaultPlanAppliesNothing() throws { try StoreSuite.failedCommitByFaultPlanAppliesNothing(fixture) }
     func testIdsAreNeverReused() throws { try StoreSuite.idsAreNeverReused(fixture) }
     func testVersionsAreListedOldestFirst() throws { try StoreSuite.versionsAreListedOldestFirst(fixture) }
+    func testMovedVersionsRememberTheirFile() throws { try StoreSuite.movedVersionsRememberTheirFile(fixture) }
     func testDurableCommitAndEmptyBatches() throws { try StoreSuite.durableCommitAndEmptyBatches(fixture) }
     func testReopenKeepsData() throws { try StoreSuite.reopenKeepsData(fixture) }
     func testConcurrentCommitsAndReads() throws { try StoreSuite.concurrentCommitsAndReads(fixture) }
@@ -996,6 +1007,46 @@ final class MemoryStoreTests: XCTestCase {
                       "only the versions after the last sync are read: \(repairs)")
         XCTAssertEqual(try metadata.versions(of: 7).map(\.id), [1, 3])
         XCTAssertEqual(try metadata.load().nodes.first { $0.ino == 7 }?.currentVersion, 3, "the current version is whole and stays")
+    }
+
+    /// A file renamed over another holds that one's versions in its history, but never as its
+    /// content after a power cut while it has a whole version of its own (even an older one);
+    /// with none of its own, the name goes back to what the rename replaced, not to nothing.
+    func testAPowerCutRevertsToTheFilesOwnVersionNotOneARenameMovedIn() throws {
+        let store = fixture.store
+        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
+        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
+        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        _ = try store.durability.begin(writer: "A", snapshot: try metadata.load())
+        // File 7 has version 1 of its own, then file 8 gets version 2 (newer): both synced.
+        try metadata.commit([.putVersion(Sample.version(1, ino: 7, chunks: [try writeBlob(blobs, [1])])),
+                             .putNode(Sample.node(7, size: 1, version: 1)),
+                             .putVersion(Sample.version(2, ino: 8, chunks: [try writeBlob(blobs, [2, 2])])),
+                             .putNode(Sample.node(8, size: 2, version: 2)),
+                             .putVersion(Sample.version(4, ino: 10, chunks: [try writeBlob(blobs, [4, 4, 4, 4])])),
+                             .putNode(Sample.node(10, size: 4, version: 4)),
+                             .putNode(Sample.node(9))], durable: false)
+        try store.durability.sync()
+        // 7 is renamed over 8, 9 (which never had content) over 10; then each gets a version
+        // whose commit reaches the disk and whose chunk does not.
+        try metadata.commit([.moveVersions(from: 8, to: 7), .deleteNode(8),
+                             .moveVersions(from: 10, to: 9), .deleteNode(10)], durable: false)
+        try metadata.commit([.putVersion(Sample.version(3, ino: 7, chunks: [try writeBlob(blobs, [3, 3, 3])])),
+                             .putNode(Sample.node(7, size: 3, version: 3)),
+                             .putVersion(Sample.version(5, ino: 9, chunks: [try writeBlob(blobs, [5])])),
+                             .putNode(Sample.node(9, size: 1, version: 5))], durable: true)
+        metadata.simulatePowerCut()
+        blobs.simulatePowerCut()
+        work.simulatePowerCut()
+
+        let repairs = try store.durability.begin(writer: "B", snapshot: try metadata.load())
+        let now = try metadata.load()
+        XCTAssertEqual(now.nodes.first { $0.ino == 7 }?.currentVersion, 1, "its own, not the newer one moved in: \(repairs)")
+        XCTAssertEqual(now.nodes.first { $0.ino == 7 }?.size, try metadata.version(1)?.size)
+        XCTAssertEqual(now.nodes.first { $0.ino == 9 }?.currentVersion, 4, "what the rename replaced: \(repairs)")
+        XCTAssertEqual(now.nodes.first { $0.ino == 9 }?.size, try metadata.version(4)?.size)
+        XCTAssertEqual(try metadata.versions(of: 7).map(\.id), [1, 2], "the replaced file's version stays in the history")
+        XCTAssertEqual(try metadata.versions(of: 9).map(\.id), [4])
     }
 
     /// A commit that lands while a sync's syncfs runs may name chunks the syncfs missed: the next
