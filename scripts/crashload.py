@@ -212,7 +212,9 @@ def check(root, log_path, power=False):
     errors = []
     done = 0
     ever = {}       # name -> every content digest an operation gave it
-    history = {}    # name -> [(operation kind, state it left, name it came from)], from the round's start
+    # name -> [(operation kind, state it left, where it came from)], from the round's start; for a
+    # rename, where = (source name, the source's floor then or None, the source's history length then)
+    history = {}
     floor = {}      # name -> index in history of its last finished fsync'ed write
 
     with open(log_path, "rb") as f:
@@ -224,6 +226,9 @@ def check(root, log_path, power=False):
                 errors.append("worker %d stopped: %s" % (r["w"], r["error"]))
             elif "begin" in r:
                 begun[r["w"]] = r
+                # The source as the rename found it (a later fsync of a new file under its name
+                # says nothing of the file that moved).
+                source = (r["name"], floor.get(r["name"]), len(history.setdefault(r["name"], [(None, None, None)])))
                 for name, state in r["after"].items():
                     if state:
                         ever.setdefault(name, set()).add(state[0])
@@ -231,7 +236,7 @@ def check(root, log_path, power=False):
                     if name == r["name"]:
                         h.append((r["begin"], state, None))
                     else:
-                        h.append(("moved", state, r["name"]))
+                        h.append(("moved", state, source))
             elif begun.get(r["w"], {}).get("op") == r["op"]:
                 r = begun.pop(r["w"])
                 finished.update(r["after"])
@@ -284,27 +289,33 @@ def power_problems(root, history, floor):
     problems = []
     empty = digest(b"")
 
-    def allowed(name, seen):
-        """The contents and attributes `name` may hold: its states since its last fsync; where a
-        rename brought another name's file, what that file may hold too (a cut may keep the
-        rename and lose the file's later content)."""
-        start = floor.get(name, 0)
-        since = history.get(name, [(None, None, None)])[start:]
+    known = {}
+
+    def allowed(name, start, end, floored):
+        """The contents and attributes `name` may hold: its states in history[start:end] (from its
+        last fsync); where a rename brought another name's file, what that file could hold when
+        it moved (its states since its own fsync before the rename: a cut may keep the rename and
+        lose the file's later content)."""
+        if (name, start, end) in known:
+            return known[(name, start, end)]
+        since = history.get(name, [(None, None, None)])[start:end]
         contents = {state[0] if state else None for _, state, _ in since}
         attrs = {state[1] for _, state, _ in since if state}
         # An O_TRUNC open empties the file before its write; without a synced floor the file's
         # creation (empty) may be all that survived of it.
-        if name not in floor or any(kind in ("fsync", "close", "moved") for kind, _, _ in since[1:]):
+        if not floored or any(kind in ("fsync", "close", "moved") for kind, _, _ in since[1:]):
             contents.add(empty)
         for kind, _, source in since:
-            if kind == "moved" and source not in seen:
-                more_contents, more_attrs = allowed(source, seen | {source})
+            if kind == "moved":
+                source_name, source_floor, source_end = source
+                more_contents, more_attrs = allowed(source_name, source_floor or 0, source_end, source_floor is not None)
                 contents |= more_contents - {None}
                 attrs |= more_attrs
+        known[(name, start, end)] = (contents, attrs)
         return contents, attrs
 
     for name, h in sorted(history.items()):
-        contents, attrs = allowed(name, {name})
+        contents, attrs = allowed(name, floor.get(name, 0), None, name in floor)
         got = observed(root, name)
         if (got[0] if got else None) not in contents or (got and got[1] not in attrs):
             problems.append("%s: holds %s, not a state it had since its last fsync (%s)"
