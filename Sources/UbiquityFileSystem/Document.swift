@@ -343,20 +343,31 @@ final class Document: @unchecked Sendable {
     /// change again.
     struct ClosedContentFirst: Error {}
 
+    /// The version a working copy builds on now: what an fsync's barrier must have made durable
+    /// before the copy is marked synced.
+    var currentBaseVersion: VersionID? { lock.read { baseVersion } }
+
+    enum WorkingCopySync { case synced, publish, baseMoved }
+
     /// fsync without a publish: the working copy is made durable where it is and marked so, so
     /// that a crash of the daemon or the machine leaves it as the file's content (what came after
-    /// the fsync too, as a file system shows a file after a crash). False when there is nothing
-    /// unpublished or the copy cannot carry the mark: the caller publishes durably instead.
-    func syncWorkingCopy() throws -> Bool {
+    /// the fsync too, as a file system shows a file after a crash). `publish` when there is
+    /// nothing unpublished or the copy cannot carry the mark: the caller publishes durably
+    /// instead. The mark vouches for the base, which the caller's barrier made durable:
+    /// `baseMoved` when the base is no longer `vouched` (a publish and a write came in between).
+    func syncWorkingCopy(vouched: VersionID?) throws -> WorkingCopySync {
+        var moved = false
         let marked = try lock.write { () throws -> (any WorkFile)? in
             guard let work, stat().unpublished else { return nil }
             if !syncedMark {
+                guard baseVersion == vouched else { moved = true; return nil }
                 guard try work.markSynced() else { return nil }
                 syncedMark = true
             }
             return work
         }
-        guard let marked else { return false }
+        if moved { return .baseMoved }
+        guard let marked else { return .publish }
         // The syncs under the read lock: reads go on meanwhile, writes wait (an fsync covers
         // the writes that returned before it).
         try lock.read {
@@ -364,7 +375,7 @@ final class Document: @unchecked Sendable {
             guard work === marked else { return }
             try marked.sync()
         }
-        return true
+        return .synced
     }
 
     /// Let a change overwrite the closed content: it will never be published (`nameless`: the

@@ -197,15 +197,29 @@ extension UbiquityFileSystem {
                     if store.fsyncPublishes {
                         try publish(doc, durable: true)
                     } else {
-                        // The barrier first: a copy marked synced vouches for its base too.
-                        try store.durability.sync()
-                        if !(try doc.syncWorkingCopy()) { try publish(doc, durable: true) }
+                        try syncWorkingCopy(doc)
                     }
                 } else {
                     try store.durability.sync()
                 }
             } catch { throw FSError(error) }
         }
+    }
+
+    /// The barrier first: a copy marked synced vouches for its base too. A publish through
+    /// another handle between the two (and a write on its version) moves the base past what the
+    /// barrier covered: again, and after three such races a durable publish instead.
+    private func syncWorkingCopy(_ doc: Document) throws {
+        for _ in 0..<3 {
+            let base = doc.currentBaseVersion
+            try store.durability.sync()
+            switch try doc.syncWorkingCopy(vouched: base) {
+            case .synced: return
+            case .publish: try publish(doc, durable: true); return
+            case .baseMoved: continue
+            }
+        }
+        try publish(doc, durable: true)
     }
 
     public func release(handle: UInt64) throws(FSError) {

@@ -373,6 +373,41 @@ final class PersistenceTests: XCTestCase {
         }
     }
 
+    /// An fsync's barrier covers the working copy's base; when a publish (idle time, another
+    /// handle) and a write give the copy a new base between the barrier and the copy's synced
+    /// mark, the barrier is made again: after a power cut the file holds what the fsync promised,
+    /// the new base's bytes included.
+    func testAnFsyncWhoseBaseMovesAfterItsBarrierMakesTheBarrierAgain() throws {
+        var store = makeMemoryStore()
+        let hooked = HookedDurability(store.durability)
+        store.durability = hooked
+        var expected = pattern(2 * chunkSize, seed: 3)
+        expected.replaceSubrange(chunkSize + 10 ..< chunkSize + 22, with: b("second chunk"))
+        expected.replaceSubrange(0..<5, with: b("first"))
+        var ino: UInt64 = 0
+        do {
+            let fs = try openFS(store)
+            let docs = try fs.ino("SugoiApp")
+            ino = try fs.makeFile(docs, "db", pattern(2 * chunkSize, seed: 3))
+            try store.durability.sync()
+            let h = try fs.open(ino, flags: O_RDWR)
+            try fs.put(h, b("second chunk"), at: UInt64(chunkSize + 10))
+            fs.idlePublishNanoseconds = 0
+            hooked.afterNextSync = {
+                // Between the barrier and the mark: the copy is published at idle time (its
+                // second chunk a new, unsynced chunk), and a write starts a copy on that version.
+                fs.publishIdle()
+                XCTAssertEqual(try store.metadata.versions(of: ino).count, 2, "published")
+                try fs.put(h, b("first"), at: 0)
+            }
+            try fs.fsync(handle: h, dataOnly: false)
+            XCTAssertNil(hooked.afterNextSync, "the race happened")
+            try powerCut(store)   // the daemon and the machine die here
+        }
+        let fs = try openFS(store)
+        assertBytes(try fs.contents(ino), expected)
+    }
+
     /// Where chunks live elsewhere (a shared store), fsync publishes: what it promised is on the
     /// servers, not only on this machine's disk.
     func testFsyncPublishesWhereTheStoreSaysSo() throws {
@@ -866,4 +901,22 @@ final class PersistenceTests: XCTestCase {
         XCTAssertEqual(try store.metadata.versions(of: attrs.ino).count, 2, "release after idle publish: nothing new")
         assertBytes(try openFS(store).contents("SugoiApp/held.log"), b("line 1\nline 2\n"))
     }
+}
+
+/// A durability that runs a test's step once, right after a sync returns.
+final class HookedDurability: Durability, @unchecked Sendable {
+    private let wrapped: any Durability
+    var afterNextSync: (() throws -> Void)?
+    init(_ wrapped: any Durability) { self.wrapped = wrapped }
+    func begin(writer: String, snapshot: StoreSnapshot) throws(StoreError) -> [String] {
+        try wrapped.begin(writer: writer, snapshot: snapshot)
+    }
+    func sync() throws(StoreError) {
+        try wrapped.sync()
+        guard let step = afterNextSync else { return }
+        afterNextSync = nil
+        do { try step() } catch { XCTFail("\(error)") }
+    }
+    func syncMetadata() throws(StoreError) { try wrapped.syncMetadata() }
+    func end(writer: String) throws(StoreError) { try wrapped.end(writer: writer) }
 }
