@@ -8,16 +8,17 @@ import XCTest
 import UbiquityStore
 
 final class PersistenceTests: XCTestCase {
-    var temporary: String?
+    /// Every folder `embeddedDirectory` made (a test may make several).
+    var temporary: [String] = []
 
     override func tearDown() {
-        if let temporary { try? FileManager.default.removeItem(atPath: temporary) }
-        temporary = nil
+        for path in temporary { try? FileManager.default.removeItem(atPath: path) }
+        temporary = []
     }
 
     private func embeddedDirectory() -> String {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("fstests-\(UUID().uuidString)").path
-        temporary = path
+        temporary.append(path)
         return path
     }
 

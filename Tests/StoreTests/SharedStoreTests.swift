@@ -90,7 +90,11 @@ final class PostgresFixture: StoreFixture {
     }
 
     func remove() {
-        try? FileManager.default.removeItem(atPath: local)
+        // The replica's SQLite may still be closing on another thread (it deletes its -wal file
+        // then), which fails a removal walking the folder: again until it is gone.
+        for _ in 0..<100 where FileManager.default.fileExists(atPath: local) {
+            if (try? FileManager.default.removeItem(atPath: local)) == nil { usleep(20_000) }
+        }
         if case .s3(let location) = chunks, let client = try? S3Client(location, timeout: 10),
            let blobs = try? S3BlobStore(location, timeout: 10, ids: IDReserve { _ in 1...1 }) {
             for id in (try? blobs.allBlobs()) ?? [] { try? blobs.delete(id) }
