@@ -170,8 +170,12 @@ extension UbiquityFileSystem {
         }
         s.add(.deleteDirent(parent: p.ino, name: name))
         s.add(.putDirent(DirentRecord(parent: folder.ino, name: Array(String(n.ino).utf8), child: n.ino)))
-        if n.kind == .directory { folder.nlink += 1 }
-        s.put(folder)
+        // A folder's `..` counts in Recently Deleted's links; a file changes nothing of it (a
+        // put would be one more row written per delete).
+        if n.kind == .directory {
+            folder.nlink += 1
+            s.put(folder)
+        }
         n.ctime = now
         s.put(n)
         // Its name in the desktop trash, chosen now, so that it never moves (`name.2.ext`, … if
