@@ -931,15 +931,34 @@ final class MemoryStoreTests: XCTestCase {
 
     // MARK: Memory only
 
+    /// The memory store's parts, for the tests that commit, write chunks and cut the power.
+    private struct MemoryParts {
+        let store: BackingStore
+        let metadata: MemoryMetadataStore
+        let blobs: MemoryBlobStore
+        let work: MemoryWorkArea
+        /// What did not reach the disk is gone: unsynced commits, chunks and working-copy bytes.
+        func powerCut() {
+            metadata.simulatePowerCut()
+            blobs.simulatePowerCut()
+            work.simulatePowerCut()
+        }
+    }
+
+    private func memoryParts() throws -> MemoryParts {
+        let store = fixture.store
+        return MemoryParts(store: store, metadata: try XCTUnwrap(store.metadata as? MemoryMetadataStore),
+                           blobs: try XCTUnwrap(store.blobs as? MemoryBlobStore),
+                           work: try XCTUnwrap(store.work as? MemoryWorkArea))
+    }
+
     /// The local-disk durability: a sync makes content and commits durable and records how far;
     /// after a power cut under a running writer, the next writer's start sends a file whose
     /// current content did not reach the disk back to its last whole version, as a batch of the
     /// change log, and clears the dead writer's mark.
     func testDurabilityRepairsWhatAPowerCutLost() throws {
-        let store = fixture.store
-        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
-        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
-        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        let parts = try memoryParts()
+        let (store, metadata, blobs, work) = (parts.store, parts.metadata, parts.blobs, parts.work)
         XCTAssertEqual(try store.durability.begin(writer: "A", snapshot: try metadata.load()), [])
         XCTAssertEqual(try metadata.load().meta[LocalDurability.runningKey("A")], work.bootID)
 
@@ -957,9 +976,7 @@ final class MemoryStoreTests: XCTestCase {
         let second = try writeBlob(blobs, [4, 5, 6, 7])
         try metadata.commit([.putVersion(Sample.version(2, ino: 7, chunks: [second])),
                              .putNode(Sample.node(7, size: 4, version: 2))], durable: true)
-        metadata.simulatePowerCut()
-        blobs.simulatePowerCut()
-        work.simulatePowerCut()
+        parts.powerCut()
 
         let after = try metadata.load()
         let repairs = try store.durability.begin(writer: "B", snapshot: after)
@@ -980,10 +997,8 @@ final class MemoryStoreTests: XCTestCase {
     /// Versions before the current one lose content in a power cut too: they leave the history
     /// (a restore of one would give garbage), whether or not the current version is whole.
     func testAPowerCutTakesVersionsThatLostContentOutOfTheHistory() throws {
-        let store = fixture.store
-        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
-        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
-        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        let parts = try memoryParts()
+        let (store, metadata, blobs, _) = (parts.store, parts.metadata, parts.blobs, parts.work)
         _ = try store.durability.begin(writer: "A", snapshot: try metadata.load())
         let first = try writeBlob(blobs, [1])
         try metadata.commit([.putVersion(Sample.version(1, ino: 7, chunks: [first])),
@@ -996,9 +1011,7 @@ final class MemoryStoreTests: XCTestCase {
                              .putNode(Sample.node(7, size: 2, version: 2))], durable: true)
         try metadata.commit([.putVersion(Sample.version(3, ino: 7, chunks: [third])),
                              .putNode(Sample.node(7, size: 3, version: 3))], durable: true)
-        metadata.simulatePowerCut()
-        blobs.simulatePowerCut()
-        work.simulatePowerCut()
+        parts.powerCut()
 
         let repairs = try store.durability.begin(writer: "B", snapshot: try metadata.load())
         XCTAssertEqual(repairs.dropFirst(), ["inode 7: version 2 did not reach the disk before the machine stopped; removed from its history"])
@@ -1013,10 +1026,8 @@ final class MemoryStoreTests: XCTestCase {
     /// content after a power cut while it has a whole version of its own (even an older one);
     /// with none of its own, the name goes back to what the rename replaced, not to nothing.
     func testAPowerCutRevertsToTheFilesOwnVersionNotOneARenameMovedIn() throws {
-        let store = fixture.store
-        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
-        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
-        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        let parts = try memoryParts()
+        let (store, metadata, blobs, _) = (parts.store, parts.metadata, parts.blobs, parts.work)
         _ = try store.durability.begin(writer: "A", snapshot: try metadata.load())
         // File 7 has version 1 of its own, then file 8 gets version 2 (newer): both synced.
         try metadata.commit([.putVersion(Sample.version(1, ino: 7, chunks: [try writeBlob(blobs, [1])])),
@@ -1035,9 +1046,7 @@ final class MemoryStoreTests: XCTestCase {
                              .putNode(Sample.node(7, size: 3, version: 3)),
                              .putVersion(Sample.version(5, ino: 9, chunks: [try writeBlob(blobs, [5])])),
                              .putNode(Sample.node(9, size: 1, version: 5))], durable: true)
-        metadata.simulatePowerCut()
-        blobs.simulatePowerCut()
-        work.simulatePowerCut()
+        parts.powerCut()
 
         let repairs = try store.durability.begin(writer: "B", snapshot: try metadata.load())
         let now = try metadata.load()
@@ -1095,10 +1104,8 @@ final class MemoryStoreTests: XCTestCase {
     }
 
     func testSimulatedPowerCutKeepsOnlyWhatWasMadeDurable() throws {
-        let store = fixture.store
-        let metadata = try XCTUnwrap(store.metadata as? MemoryMetadataStore)
-        let blobs = try XCTUnwrap(store.blobs as? MemoryBlobStore)
-        let work = try XCTUnwrap(store.work as? MemoryWorkArea)
+        let parts = try memoryParts()
+        let (_, metadata, blobs, work) = (parts.store, parts.metadata, parts.blobs, parts.work)
 
         try metadata.commit([.putNode(Sample.node(1))], durable: true)
         try metadata.commit([.putNode(Sample.node(2))], durable: false)
@@ -1114,9 +1121,7 @@ final class MemoryStoreTests: XCTestCase {
         let gone = try work.create(ino: 2)
         try writeWork(gone, [1], at: 0)
 
-        metadata.simulatePowerCut()
-        blobs.simulatePowerCut()
-        work.simulatePowerCut()
+        parts.powerCut()
 
         XCTAssertEqual(try metadata.load().nodes.map(\.ino), [1])
         XCTAssertEqual(try metadata.load().maxIno, 1)
