@@ -10,40 +10,52 @@ package enum BatchCoding {
     package static func encode(_ mutations: [Mutation]) -> [UInt8] {
         var w = Writer()
         w.byte(format)
-        w.varint(UInt64(mutations.count))
-        for m in mutations {
-            switch m {
-            case .putNode(let n):
-                w.byte(1)
-                w.u64(n.ino); w.string(n.container); w.byte(n.kind.rawValue)
-                w.u32(n.mode); w.u32(n.uid); w.u32(n.gid); w.u32(n.nlink); w.u64(n.size)
-                w.i64(n.atime); w.i64(n.mtime); w.i64(n.ctime); w.i64(n.btime); w.u64(n.rdev)
-                w.bytes(n.target); w.optional(n.currentVersion)
-            case .deleteNode(let ino): w.byte(2); w.u64(ino)
-            case .putDirent(let d): w.byte(3); w.u64(d.parent); w.bytes(d.name); w.u64(d.child)
-            case .deleteDirent(let parent, let name): w.byte(4); w.u64(parent); w.bytes(name)
-            case .putXattr(let x): w.byte(5); w.u64(x.ino); w.bytes(x.name); w.bytes(x.value)
-            case .deleteXattr(let ino, let name): w.byte(6); w.u64(ino); w.bytes(name)
-            case .putVersion(let v):
-                // 13: one moved in from another file (a replica's copy of a snapshot); 7 otherwise.
-                w.byte(v.movedFrom == nil ? 7 : 13)
-                w.i64(v.id); w.u64(v.ino); w.i64(v.created); w.u64(v.size)
-                w.string(v.origin.rawValue); w.string(v.device)
-                w.varint(UInt64(v.chunks.count))
-                for c in v.chunks { w.u64(c.blob); w.u32(c.length); w.u64(c.checksum) }
-                if let from = v.movedFrom { w.u64(from) }
-            case .putContainer(let c):
-                w.byte(8)
-                w.string(c.identifier); w.string(c.bundleIdentifier); w.string(c.name)
-                w.byte(c.isPublic ? 1 : 0); w.string(c.folderLevels); w.string(c.registeredVersion)
-                w.string(c.manifestPath); w.u64(c.rootIno)
-            case .setMeta(let key, let value): w.byte(9); w.string(key); w.string(value)
-            case .deleteMeta(let key): w.byte(10); w.string(key)
-            case .moveVersions(let from, let to): w.byte(11); w.u64(from); w.u64(to)
-            case .deleteVersion(let id): w.byte(12); w.i64(id)
+        w.mutations(mutations)
+        return w.out
+    }
+
+    /// A grouped commit's record in its writer's journal: its position, writer, expectations and
+    /// mutations (a replay checks the expectations as the commit did).
+    package static func encodeRecord(seq: ChangeSeq, batch: Batch) -> [UInt8] {
+        var w = Writer()
+        w.byte(format)
+        w.i64(seq)
+        w.string(batch.writer)
+        w.varint(UInt64(batch.expectations.count))
+        for e in batch.expectations {
+            switch e {
+            case .nameFree(let parent, let name): w.byte(1); w.u64(parent); w.bytes(name)
+            case .nameIs(let parent, let name, let child): w.byte(2); w.u64(parent); w.bytes(name); w.u64(child)
+            case .nodeAt(let ino, let change): w.byte(3); w.u64(ino); w.i64(change)
+            case .containerRoot(let identifier, let root):
+                w.byte(4); w.string(identifier); w.optional(root.map { Int64(bitPattern: $0) })
+            case .metaIs(let key, let value):
+                w.byte(5); w.string(key); w.byte(value == nil ? 0 : 1); w.string(value ?? "")
             }
         }
+        w.mutations(batch.mutations)
         return w.out
+    }
+
+    /// A record `encodeRecord` made, or nil if the bytes are not one.
+    package static func decodeRecord(_ bytes: [UInt8]) -> (seq: ChangeSeq, batch: Batch)? {
+        var r = Reader(bytes: bytes)
+        guard r.byte() == format, let seq = r.i64(), let writer = r.string(), let count = r.varint(),
+              count <= UInt64(bytes.count) else { return nil }
+        var expectations: [Expectation] = []
+        for _ in 0..<count {
+            guard let e = r.expectation() else { return nil }
+            expectations.append(e)
+        }
+        guard let mutationCount = r.varint(), mutationCount <= UInt64(bytes.count) else { return nil }
+        var mutations: [Mutation] = []
+        mutations.reserveCapacity(Int(mutationCount))
+        for _ in 0..<mutationCount {
+            guard let m = r.mutation() else { return nil }
+            mutations.append(m)
+        }
+        guard r.atEnd else { return nil }
+        return (seq, Batch(mutations, expecting: expectations, writer: writer))
     }
 
     /// The mutations, or nil if the bytes are not a batch of this format.
@@ -74,6 +86,42 @@ package enum BatchCoding {
         mutating func string(_ s: String) { bytes(Array(s.utf8)) }
         mutating func optional(_ v: Int64?) {
             if let v { byte(1); i64(v) } else { byte(0) }
+        }
+
+        mutating func mutations(_ mutations: [Mutation]) {
+            varint(UInt64(mutations.count))
+            for m in mutations {
+                switch m {
+                case .putNode(let n):
+                    byte(1)
+                    u64(n.ino); string(n.container); byte(n.kind.rawValue)
+                    u32(n.mode); u32(n.uid); u32(n.gid); u32(n.nlink); u64(n.size)
+                    i64(n.atime); i64(n.mtime); i64(n.ctime); i64(n.btime); u64(n.rdev)
+                    bytes(n.target); optional(n.currentVersion)
+                case .deleteNode(let ino): byte(2); u64(ino)
+                case .putDirent(let d): byte(3); u64(d.parent); bytes(d.name); u64(d.child)
+                case .deleteDirent(let parent, let name): byte(4); u64(parent); bytes(name)
+                case .putXattr(let x): byte(5); u64(x.ino); bytes(x.name); bytes(x.value)
+                case .deleteXattr(let ino, let name): byte(6); u64(ino); bytes(name)
+                case .putVersion(let v):
+                    // 13: one moved in from another file (a replica's copy of a snapshot); 7 otherwise.
+                    byte(v.movedFrom == nil ? 7 : 13)
+                    i64(v.id); u64(v.ino); i64(v.created); u64(v.size)
+                    string(v.origin.rawValue); string(v.device)
+                    varint(UInt64(v.chunks.count))
+                    for c in v.chunks { u64(c.blob); u32(c.length); u64(c.checksum) }
+                    if let from = v.movedFrom { u64(from) }
+                case .putContainer(let c):
+                    byte(8)
+                    string(c.identifier); string(c.bundleIdentifier); string(c.name)
+                    byte(c.isPublic ? 1 : 0); string(c.folderLevels); string(c.registeredVersion)
+                    string(c.manifestPath); u64(c.rootIno)
+                case .setMeta(let key, let value): byte(9); string(key); string(value)
+                case .deleteMeta(let key): byte(10); string(key)
+                case .moveVersions(let from, let to): byte(11); u64(from); u64(to)
+                case .deleteVersion(let id): byte(12); i64(id)
+                }
+            }
         }
     }
 
@@ -123,6 +171,27 @@ package enum BatchCoding {
             if flag == 0 { return .some(nil) }
             guard flag == 1, let v = i64() else { return nil }
             return .some(v)
+        }
+
+        mutating func expectation() -> Expectation? {
+            switch byte() {
+            case 1:
+                guard let parent = u64(), let name = data() else { return nil }
+                return .nameFree(parent: parent, name: name)
+            case 2:
+                guard let parent = u64(), let name = data(), let child = u64() else { return nil }
+                return .nameIs(parent: parent, name: name, child: child)
+            case 3:
+                guard let ino = u64(), let change = i64() else { return nil }
+                return .nodeAt(ino: ino, change: change)
+            case 4:
+                guard let identifier = string(), let root = optional() else { return nil }
+                return .containerRoot(identifier: identifier, root: root.map { UInt64(bitPattern: $0) })
+            case 5:
+                guard let key = string(), let present = byte(), present <= 1, let value = string() else { return nil }
+                return .metaIs(key: key, value: present == 1 ? value : nil)
+            default: return nil
+            }
         }
 
         mutating func mutation() -> Mutation? {

@@ -1,6 +1,7 @@
 // Opening the embedded store: one folder holding
 //   lock               shared flock held by every daemon of this version for the store's lifetime
 //   metadata.sqlite3   SQLiteMetadataStore (+ -wal, -shm)
+//   journal/…          each daemon's journal of grouped commits (CommitJournal)
 //   blobs/XX/…         LocalBlobStore
 //   work/…             LocalWorkArea
 //   locks/…            LocalLockTable
@@ -59,7 +60,8 @@ public func openEmbeddedStore(directory: String, log: @escaping @Sendable (Strin
     try refuseSymlinks(in: directory)
     let lock = try StoreLock(directory: directory)
     let reserve = SpaceReserve(directory: directory, log: log)
-    let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock, reserve: reserve)
+    let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock, reserve: reserve,
+                                           journalFolder: directory + "/journal", log: log)
     let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock, reserve: reserve)
     let work = try LocalWorkArea(directory: directory, storeLock: lock, reserve: reserve)
     let locks = try LocalLockTable(directory: directory, storeLock: lock)

@@ -8,6 +8,11 @@
 // batch writes one small row under `synchronous=FULL`, as a barrier for the earlier commits (a
 // passive WAL checkpoint would sync nothing while a reader pins the WAL, yet return success).
 //
+// Grouped commits (the embedded store's daemons): non-durable commits share one transaction, 64
+// at most and for ~2 ms at most, each first appended to the daemon's journal so that it survives
+// the daemon's death as a commit of its own would (CommitJournal.swift). Everything else that
+// writes, and every durable commit, first commits the open group.
+//
 // Schema (version 1): `store_meta` holds the store's own keys (schema_version and the high-water
 // marks max_ino / max_version, so deleted ids are never reused); `meta` holds the model's keys
 // (`Mutation.setMeta`) and is returned whole by `load()`.
@@ -155,6 +160,17 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private let storeLock: StoreLock?
     /// The embedded store's space reserve, released when a commit finds the disk full.
     private let reserve: SpaceReserve?
+    /// This daemon's journal of grouped commits (nil: every commit is a transaction of its own).
+    private let journal: CommitJournal?
+    private let log: @Sendable (String) -> Void
+    /// The open group's transaction, if any.
+    private var group: Group?
+    /// A group failed to commit: its batches, acknowledged, are in the journal alone, and are
+    /// applied before anything else reads or writes (`settleError` says why they are not yet).
+    private var unsettled = false
+    private var settleError: StoreError?
+    private var timerArmed = false
+    private let groupNanoseconds: UInt64
 
     /// Opens (creating if missing) the database at `path`.
     public convenience init(path: String) throws(StoreError) {
@@ -184,15 +200,23 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         folder = (path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent
         storeLock = nil
         reserve = nil
+        journal = nil
+        log = { _ in }
+        groupNanoseconds = 0
         versionColumns = columns
     }
 
-    init(path: String, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
+    /// `journalFolder`: group non-durable commits, journaled there (the embedded store's daemons).
+    /// `groupNanoseconds`: how long a group stays open at most (`.max`: until 64 batches or
+    /// something else needs the connection; tests that stop a daemon with its group open).
+    init(path: String, storeLock: StoreLock?, reserve: SpaceReserve? = nil, journalFolder: String? = nil,
+         groupNanoseconds: UInt64 = 2_000_000, log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
         // Create the database 0600 ourselves: SQLite would make it 0644 (less the umask), and it
         // gives its -wal and -shm files the database's mode.
         let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
         if fd < 0 { throw systemError("create", path, errno) }
         close(fd)
+        let journal = try journalFolder.map { (folder) throws(StoreError) in try CommitJournal(folder: folder) }
         let handle = try Self.connect(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, what: "open \(path)")
         sqlite3_extended_result_codes(handle, 1)
         do throws(StoreError) {
@@ -207,9 +231,15 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             ? "." : (path as NSString).deletingLastPathComponent
         self.storeLock = storeLock
         self.reserve = reserve
+        self.log = log
+        self.journal = journal
+        self.groupNanoseconds = groupNanoseconds
+        // A daemon that died with commits in its journal: they land first.
+        if journal != nil { try mutex.withLock { () throws(StoreError) in try applyJournalsLocked() } }
     }
 
     deinit {
+        closeGroupLocked()
         for statement in statements.values { sqlite3_finalize(statement) }
         sqlite3_close_v2(db)
     }
@@ -425,7 +455,10 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     // MARK: MetadataStore
 
     public func load() throws(StoreError) -> StoreSnapshot {
-        try mutex.withLock { () throws(StoreError) -> StoreSnapshot in try loadLocked { () throws(StoreError) in try lastSeq() } }
+        try mutex.withLock { () throws(StoreError) -> StoreSnapshot in
+            try settleLocked()
+            return try loadLocked { () throws(StoreError) in try lastSeq() }
+        }
     }
 
     /// The whole state, at the position `position` reads inside the transaction. Caller holds mutex.
@@ -580,12 +613,19 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     private func commitOnce(_ batch: Batch, durable: Bool) throws(StoreError) -> ChangeSeq {
         try mutex.withLock { () throws(StoreError) -> ChangeSeq in
+            if unsettled { try settleLocked() }
+            if let journal, !durable, !batch.mutations.isEmpty, !journal.broken {
+                return try groupedCommitLocked(batch)
+            }
+            // A transaction of its own, after the open group's (a durable one syncs both).
+            try settleLocked()
             if durable { try run("PRAGMA synchronous=FULL") }
             defer { if durable { try? run("PRAGMA synchronous=NORMAL") } }
-            try run("BEGIN IMMEDIATE")
+            var g = try beginWriteLocked()
             do throws(StoreError) {
-                for e in batch.expectations { try check(e) }
-                guard !batch.mutations.isEmpty else {
+                let seq: ChangeSeq
+                if batch.mutations.isEmpty {
+                    for e in batch.expectations { try check(e) }
                     // Nothing to log. A durable empty batch is a barrier for every earlier commit:
                     // a small write transaction under synchronous=FULL syncs the WAL, where a
                     // passive checkpoint would sync nothing while a reader pins the WAL.
@@ -593,38 +633,245 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                         try run("INSERT OR REPLACE INTO store_meta(key, value) VALUES('barrier', "
                                 + "COALESCE((SELECT value FROM store_meta WHERE key = 'barrier'), 0) + 1)")
                     }
-                    let seq = try lastSeq()
-                    try run("COMMIT")
-                    return seq
+                    seq = try lastSeq()
+                } else {
+                    seq = try applyLocked(batch, seq: nil, group: &g, journaled: false)
                 }
-                let encoded = BatchCoding.encode(batch.mutations)
+                try endWriteLocked(g)
+                return seq
+            } catch {
+                rollbackIfNeeded()
+                for found in g.journals { found.finish(committed: false) }
+                throw error
+            }
+        }
+    }
+
+    // MARK: Grouped commits
+
+    /// A write transaction: the high-water marks as read at its start and as its batches moved
+    /// them, and the journals it applied.
+    private struct Group {
+        var count = 0
+        var maxIno: UInt64
+        var maxVersion: Int64
+        let storedMaxIno: UInt64
+        let storedMaxVersion: Int64
+        var journals: [CommitJournal.Found] = []
+        /// It applies this daemon's own journal (a group of it failed to commit).
+        let replaysOwn: Bool
+    }
+
+    private static let groupLimit = 64
+    private static let groupTimers = DispatchQueue(label: "ubiquityfs.commit-group")
+
+    /// The batch joins the open group (one is opened if none is): acknowledged once journaled.
+    private func groupedCommitLocked(_ batch: Batch) throws(StoreError) -> ChangeSeq {
+        if group == nil { group = try beginWriteLocked() }
+        let seq: ChangeSeq
+        do throws(StoreError) {
+            seq = try applyLocked(batch, seq: nil, group: &group!, journaled: true)
+        } catch {
+            guard let lost = lostSavepoint else { throw error }
+            // The transaction is past saving: what the group acknowledged is in the journal.
+            lostSavepoint = nil
+            abandonGroupLocked(error)
+            if lost.journaled { return lost.seq }
+            throw error
+        }
+        group!.count += 1
+        if group!.count >= Self.groupLimit { closeGroupLocked() } else { armTimerLocked() }
+        return seq
+    }
+
+    /// Set by `applyLocked` when it failed and its savepoint could not be undone or released:
+    /// the transaction must end. `journaled`: the batch reached the journal (it counts as committed).
+    private var lostSavepoint: (seq: ChangeSeq, journaled: Bool)?
+
+    /// One batch inside the open write transaction, under a savepoint so that a failed
+    /// expectation undoes it alone. `seq`: the position a journal record was acknowledged with.
+    private func applyLocked(_ batch: Batch, seq wanted: ChangeSeq?, group g: inout Group,
+                             journaled: Bool) throws(StoreError) -> ChangeSeq {
+        try run("SAVEPOINT batch")
+        var seq: ChangeSeq = 0
+        var inJournal = false
+        do throws(StoreError) {
+            for e in batch.expectations { try check(e) }
+            let encoded = BatchCoding.encode(batch.mutations)
+            if let wanted {
+                try run("INSERT INTO changes(seq, writer, batch) VALUES(?1, ?2, ?3)") { b throws(StoreError) in
+                    try b.int(1, wanted)
+                    try b.text(2, batch.writer)
+                    try b.blob(3, encoded)
+                }
+            } else {
                 try run("INSERT INTO changes(writer, batch) VALUES(?1, ?2)") { b throws(StoreError) in
                     try b.text(1, batch.writer)
                     try b.blob(2, encoded)
                 }
-                let seq = sqlite3_last_insert_rowid(db)
-                // Read inside the write transaction: no other connection can move them meanwhile.
-                let (maxIno, maxVersion) = try highWaterMarks()
-                var newMaxIno = maxIno
-                var newMaxVersion = maxVersion
-                for mutation in batch.mutations {
-                    try apply(mutation, seq: seq, maxIno: &newMaxIno, maxVersion: &newMaxVersion)
-                }
-                if newMaxIno != maxIno {
-                    try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_ino'") { b throws(StoreError) in
-                        try b.uint(1, newMaxIno)
+            }
+            seq = sqlite3_last_insert_rowid(db)
+            var maxIno = g.maxIno
+            var maxVersion = g.maxVersion
+            for mutation in batch.mutations {
+                try apply(mutation, seq: seq, maxIno: &maxIno, maxVersion: &maxVersion)
+            }
+            if journaled, let journal {
+                try journal.append(BatchCoding.encodeRecord(seq: seq, batch: batch))
+                inJournal = true
+            }
+            try run("RELEASE batch")
+            g.maxIno = maxIno
+            g.maxVersion = maxVersion
+            return seq
+        } catch {
+            // ROLLBACK TO keeps the savepoint: it is released too.
+            if inJournal || (try? run("ROLLBACK TO batch")) == nil || (try? run("RELEASE batch")) == nil {
+                lostSavepoint = (seq, inJournal)
+            }
+            throw error
+        }
+    }
+
+    /// BEGIN IMMEDIATE, then apply what journals hold that the store lacks — a dead daemon's
+    /// last commits, or this one's whose group failed — so that they land on the state they were
+    /// checked against, under the positions they were acknowledged with: while a daemon's group
+    /// is open no one else can write, and every writer applies them before anything else.
+    private func beginWriteLocked() throws(StoreError) -> Group {
+        try run("BEGIN IMMEDIATE")
+        var g: Group?
+        do throws(StoreError) {
+            let (maxIno, maxVersion) = try highWaterMarks()
+            g = Group(maxIno: maxIno, maxVersion: maxVersion, storedMaxIno: maxIno, storedMaxVersion: maxVersion,
+                      replaysOwn: unsettled)
+            guard let journal else { return g! }
+            g!.journals = CommitJournal.pending(in: journal.folder, own: journal, includeOwn: unsettled)
+            var last = try lastSeq()
+            for found in g!.journals {
+                for (index, (seq, batch)) in found.records.enumerated() where seq > last {
+                    var why = "the position before it, \(seq - 1), is not in the store"
+                    if seq == last + 1 {
+                        do throws(StoreError) {
+                            _ = try applyLocked(batch, seq: seq, group: &g!, journaled: false)
+                            last = seq
+                            continue
+                        } catch where error.kind == .conflict {
+                            why = error.message
+                        }
                     }
+                    // Only a power cut (which may lose commits) leads here: the rest of that
+                    // journal was made on a state the store no longer has.
+                    log("\(found.path): \(found.records.count - index) journaled commits from position \(seq) "
+                        + "cannot be applied and are dropped: \(why)")
+                    break
                 }
-                if newMaxVersion != maxVersion {
-                    try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_version'") { b throws(StoreError) in
-                        try b.int(1, newMaxVersion)
-                    }
-                }
-                try run("COMMIT")
-                return seq
-            } catch {
-                rollbackIfNeeded()
-                throw error
+            }
+            return g!
+        } catch {
+            for found in g?.journals ?? [] { found.finish(committed: false) }
+            rollbackIfNeeded()
+            throw error
+        }
+    }
+
+    /// Records the high-water marks and commits; the journals applied are then done with.
+    private func endWriteLocked(_ g: Group) throws(StoreError) {
+        if g.maxIno != g.storedMaxIno {
+            try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_ino'") { b throws(StoreError) in
+                try b.uint(1, g.maxIno)
+            }
+        }
+        if g.maxVersion != g.storedMaxVersion {
+            try run("UPDATE store_meta SET value = ?1 WHERE key = 'max_version'") { b throws(StoreError) in
+                try b.int(1, g.maxVersion)
+            }
+        }
+        try run("COMMIT")
+        for found in g.journals { found.finish(committed: true) }
+        if g.count > 0 || g.replaysOwn {
+            // Should emptying fail, the records stay, at positions the store has (never applied twice).
+            try? journal?.reset()
+        }
+        if g.replaysOwn {
+            unsettled = false
+            settleError = nil
+        }
+    }
+
+    /// Commits the open group, if any. A failure leaves its batches to the journal (`unsettled`).
+    private func closeGroupLocked() {
+        guard let g = group else { return }
+        group = nil
+        do throws(StoreError) {
+            try endWriteLocked(g)
+        } catch {
+            rollbackIfNeeded()
+            for found in g.journals { found.finish(committed: false) }
+            guard g.count > 0 || g.replaysOwn else { return }
+            unsettled = true
+            // A full disk: as for a commit of its own, the reserve's space lets it through.
+            if error.kind == .noSpace, reserve?.release() == true, (try? applyJournalsLocked()) != nil { return }
+            markUnsettledLocked(error)
+        }
+    }
+
+    /// Ends the open group's transaction without committing it.
+    private func abandonGroupLocked(_ error: StoreError) {
+        guard let g = group else { return }
+        group = nil
+        rollbackIfNeeded()
+        for found in g.journals { found.finish(committed: false) }
+        markUnsettledLocked(error)
+    }
+
+    private func markUnsettledLocked(_ error: StoreError) {
+        if settleError == nil {
+            log("\(path): a group of commits could not be committed (\(error.message)); they are kept in the journal "
+                + "and applied before anything else")
+        }
+        unsettled = true
+        settleError = error
+    }
+
+    /// Commits the open group, and applies what this daemon's journal alone holds (throwing
+    /// while that cannot be done: nothing may read or write past acknowledged commits).
+    private func settleLocked() throws(StoreError) {
+        closeGroupLocked()
+        guard unsettled else { return }
+        do throws(StoreError) {
+            do throws(StoreError) {
+                try applyJournalsLocked()
+            } catch where error.kind == .noSpace && reserve?.release() == true {
+                try applyJournalsLocked()
+            }
+        } catch {
+            settleError = error
+            throw error
+        }
+    }
+
+    /// A write transaction that only applies what journals hold.
+    private func applyJournalsLocked() throws(StoreError) {
+        let g = try beginWriteLocked()
+        do throws(StoreError) {
+            try endWriteLocked(g)
+        } catch {
+            rollbackIfNeeded()
+            for found in g.journals { found.finish(committed: false) }
+            throw error
+        }
+    }
+
+    /// Commits the open group ~2 ms after its first batch, so that other daemons of the store
+    /// (waiting on the write lock) and readers are not held back by a quiet writer.
+    private func armTimerLocked() {
+        guard !timerArmed, groupNanoseconds != .max else { return }
+        timerArmed = true
+        Self.groupTimers.asyncAfter(deadline: .now() + .nanoseconds(Int(groupNanoseconds))) { [weak self] in
+            guard let self else { return }
+            self.mutex.withLock {
+                self.timerArmed = false
+                self.closeGroupLocked()
             }
         }
     }
@@ -680,6 +927,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     private func changes(since seq: ChangeSeq, notBy writer: String?) throws(StoreError) -> [ChangeRecord] {
         try mutex.withLock { () throws(StoreError) -> [ChangeRecord] in
+            try settleLocked()
+            // A daemon of this store died with commits in its journal: they land now, not at
+            // the next write of whoever polls.
+            if let journal, CommitJournal.orphanExists(in: journal.folder, own: journal) {
+                try applyJournalsLocked()
+            }
             var result: [ChangeRecord] = []
             // One read transaction: the trim mark and the rows from one state of the database.
             try run("BEGIN")
@@ -711,6 +964,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func trimChanges(keepingLast count: Int) throws(StoreError) {
         try mutex.withLock { () throws(StoreError) in
+            try settleLocked()
             try run("BEGIN IMMEDIATE")
             do throws(StoreError) {
                 let cut = try lastSeq() - ChangeSeq(count)
@@ -751,6 +1005,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private func reserveOnce(_ key: String, _ count: Int, floor: Int64) throws(StoreError) -> (Int64, Int64) {
         precondition(count > 0)
         return try mutex.withLock { () throws(StoreError) -> (Int64, Int64) in
+            try settleLocked()
             try run("PRAGMA synchronous=FULL")
             defer { try? run("PRAGMA synchronous=NORMAL") }
             try run("BEGIN IMMEDIATE")
@@ -791,7 +1046,10 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     /// The registered containers alone, for `ubiquityfs containers`.
     public func containers() throws(StoreError) -> [ContainerRecord] {
-        try mutex.withLock { () throws(StoreError) -> [ContainerRecord] in try readContainers() }
+        try mutex.withLock { () throws(StoreError) -> [ContainerRecord] in
+            if unsettled { try settleLocked() }
+            return try readContainers()
+        }
     }
 
     /// (max_ino, max_version) from `store_meta`; call inside a transaction.
@@ -805,6 +1063,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     private func rollbackIfNeeded() {
+        lostSavepoint = nil
         if sqlite3_get_autocommit(db) == 0 {
             try? run("ROLLBACK")
             if sqlite3_get_autocommit(db) == 0 { sqlite3_exec(db, "ROLLBACK", nil, nil, nil) }
@@ -910,6 +1169,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
+            if unsettled { try settleLocked() }
             var result: [VersionRecord] = []
             try run("SELECT \(versionColumns) FROM versions WHERE ino = ?1 ORDER BY id",
                     bind: { b throws(StoreError) in try b.uint(1, ino) },
@@ -920,6 +1180,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
+            if unsettled { try settleLocked() }
             var result: [VersionRecord] = []
             try run("SELECT \(versionColumns) FROM versions ORDER BY id",
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
@@ -929,6 +1190,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
+            if unsettled { try settleLocked() }
             var result: [VersionRecord] = []
             try run("SELECT \(versionColumns) FROM versions WHERE origin = ?1 ORDER BY id",
                     bind: { b throws(StoreError) in try b.text(1, origin.rawValue) },
@@ -939,6 +1201,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try mutex.withLock { () throws(StoreError) -> VersionRecord? in
+            if unsettled { try settleLocked() }
             var result: VersionRecord?
             try run("SELECT \(versionColumns) FROM versions WHERE id = ?1",
                     bind: { b throws(StoreError) in try b.int(1, id) },
@@ -953,6 +1216,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
         try mutex.withLock { () throws(StoreError) -> Set<BlobID> in
+            if unsettled { try settleLocked() }
             var result: Set<BlobID> = []
             try run("SELECT chunks FROM versions", row: { (r) throws(StoreError) in
                 guard let chunks = r.withBlob(0, { ChunkPacking.unpack($0) }) else {

@@ -373,6 +373,9 @@ final class ReferenceRun {
                 // What the change feed would have applied by now (a lookup walks this writer's view).
                 do { try w.catchUp() } catch { return report(step, op, "catching up failed: \(error)") }
                 got = applyToFS(op, on: w, docs: wDocs)
+                // A writer's last commits reach the store for others when its group of commits
+                // does (within ~2 ms, or at its next read of the change log, as here).
+                if viaOther { do { try w.catchUp() } catch { return report(step, op, "catching up failed: \(error)") } }
             }
             switch op {
             case .reopen: got = restart(crash: false)

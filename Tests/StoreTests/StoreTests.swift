@@ -110,7 +110,9 @@ final class EmbeddedStoreTests: XCTestCase {
             let one = try fixture.open()
             let two = try openEmbeddedStore(directory: fixture.directory)
             XCTAssertNotEqual((one.work as? LocalWorkArea)?.workPath, (two.work as? LocalWorkArea)?.workPath)
-            try one.metadata.commit([.putNode(Sample.node(2))], durable: false)
+            // Durable: a non-durable one joins a group, which another daemon sees once it
+            // commits (GroupCommitTests).
+            try one.metadata.commit([.putNode(Sample.node(2))], durable: true)
             XCTAssertEqual(try two.metadata.load().nodes.map(\.ino), [2])
             // The old version's exclusive lock cannot be taken meanwhile.
             let fd = open(fixture.directory + "/lock", O_RDWR)

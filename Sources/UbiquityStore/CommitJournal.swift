@@ -1,0 +1,188 @@
+// The journal of grouped commits: one file per daemon of the embedded store, in the store's
+// `journal/` folder.
+//
+// A daemon groups its non-durable commits into one SQLite transaction (64 at most, for ~2 ms at
+// most): SQLite's per-transaction cost (WAL frames, locks, the WAL index) is paid once per group.
+// A commit is acknowledged before its group commits, so each is first appended here, one write
+// and no fsync, exactly as a commit outside a group reaches SQLite's WAL: it survives the daemon's
+// death (`kill -9`), not a power cut. Whoever opens the next write transaction on the store — the
+// daemon's next incarnation, or another daemon of the store — applies the records the store lacks
+// before anything else, so they land on the very state they were checked against, under the
+// positions they were acknowledged with.
+//
+// The file is flock'd while its daemon lives; a journal whose lock is free belongs to a dead
+// daemon and is removed once its records are in the store. Frame: payload length (u32), FNV-1a
+// checksum of the payload (u64), payload (`BatchCoding.encodeRecord`), little endian. A torn last
+// frame (the daemon died inside the write) was never acknowledged, and ends the journal.
+
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One daemon's journal. Used under its store's mutex only.
+final class CommitJournal: @unchecked Sendable {
+    static let suffix = ".journal"
+    static let frameHeader = 12
+
+    let folder: String
+    let path: String
+    private let fd: Int32
+    /// Bytes of whole frames in the file.
+    private(set) var size = 0
+    /// A failed append could not be cut off again: later frames would be unreadable behind it,
+    /// so nothing is appended until the next `reset`.
+    private(set) var broken = false
+
+    init(folder: String) throws(StoreError) {
+        try makeDirectories(folder, mode: 0o700)
+        let name = "\(getpid())-\(String(UInt32.random(in: 0 ... .max), radix: 16))"
+        let temporary = folder + "/" + name + ".new"
+        let fd = retryEINTR { open(temporary, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        if fd < 0 { throw systemError("create", temporary, errno) }
+        // Locked before it takes its name: a journal under its name whose lock is free is a
+        // dead daemon's, and its reader removes it.
+        if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) != 0 {
+            let code = errno
+            close(fd)
+            unlink(temporary)
+            throw systemError("flock", temporary, code)
+        }
+        let path = folder + "/" + name + Self.suffix
+        if rename(temporary, path) != 0 {
+            let code = errno
+            close(fd)
+            unlink(temporary)
+            throw systemError("rename", temporary, code)
+        }
+        self.folder = folder
+        self.path = path
+        self.fd = fd
+    }
+
+    deinit {
+        // Empty: every record is in the store. Otherwise the next writer applies them.
+        if size == 0 && !broken { unlink(path) }
+        close(fd)
+    }
+
+    /// Appends one record. On failure the file is as it was (or `broken`).
+    func append(_ payload: [UInt8]) throws(StoreError) {
+        if broken { throw StoreError(errno: EIO, "\(path): an earlier write failed half-way") }
+        var frame = [UInt8]()
+        frame.reserveCapacity(Self.frameHeader + payload.count)
+        withUnsafeBytes(of: UInt32(payload.count).littleEndian) { frame.append(contentsOf: $0) }
+        let sum = payload.withUnsafeBytes { contentChecksum($0) }
+        withUnsafeBytes(of: sum.littleEndian) { frame.append(contentsOf: $0) }
+        frame.append(contentsOf: payload)
+        do throws(StoreError) {
+            try pwriteFully(fd, frame, at: size, path: path)
+        } catch {
+            // A torn frame would hide every record written after it.
+            if retryEINTR({ ftruncate(fd, off_t(size)) }) != 0 { broken = true }
+            throw error
+        }
+        size += frame.count
+    }
+
+    /// Empties the journal (its records are in the store).
+    func reset() throws(StoreError) {
+        if retryEINTR({ ftruncate(fd, 0) }) != 0 { throw systemError("truncate", path, errno) }
+        size = 0
+        broken = false
+    }
+
+    /// A journal with records, as a writer about to apply them sees it.
+    struct Found {
+        let path: String
+        let records: [(seq: ChangeSeq, batch: Batch)]
+        /// The lock of a dead daemon's journal, now held: the file goes once its records are
+        /// committed. nil while its daemon lives (it empties the file itself) and for one's own.
+        let lockFD: Int32?
+
+        /// After the transaction that applied the records committed (or failed: `committed` false).
+        func finish(committed: Bool) {
+            guard let lockFD else { return }
+            if committed { unlink(path) }
+            close(lockFD)
+        }
+    }
+
+    /// The journals in `folder` that hold records, oldest first (by their first position);
+    /// `own`'s only when `includeOwn`. Empty journals of dead daemons, and files a daemon died
+    /// before naming, are removed on the way.
+    static func pending(in folder: String, own: CommitJournal?, includeOwn: Bool) -> [Found] {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return [] }
+        var found: [Found] = []
+        for name in names {
+            let path = folder + "/" + name
+            let isOwn = path == own?.path
+            if isOwn && !includeOwn { continue }
+            let isJournal = name.hasSuffix(suffix)
+            guard isJournal || name.hasSuffix(".new") else { continue }
+            let fd = retryEINTR { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+            guard fd >= 0 else { continue }
+            // One's own is locked through the other descriptor: it counts as alive.
+            let dead = !isOwn && retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0
+            var st = stat()
+            let size = fstat(fd, &st) == 0 ? Int(st.st_size) : 0
+            // A file not yet named may be a starting daemon's that has yet to lock it: only an
+            // old one is a dead daemon's.
+            let stale = isJournal || time(nil) - st.st_mtim.tv_sec > 60
+            if !isJournal || size == 0 {
+                if dead && stale { unlink(path) }
+                close(fd)
+                continue
+            }
+            let records = (try? preadFully(fd, count: size, at: 0, path: path)).map(Self.records) ?? []
+            if records.isEmpty {
+                if dead { unlink(path) }
+                close(fd)
+                continue
+            }
+            if dead {
+                found.append(Found(path: path, records: records, lockFD: fd))
+            } else {
+                close(fd)
+                found.append(Found(path: path, records: records, lockFD: nil))
+            }
+        }
+        return found.sorted { $0.records[0].seq < $1.records[0].seq }
+    }
+
+    /// Whether `folder` holds a dead daemon's journal with records (cheap enough to ask at each
+    /// poll of the change feed: a file name and a size per daemon).
+    static func orphanExists(in folder: String, own: CommitJournal?) -> Bool {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return false }
+        for name in names where name.hasSuffix(suffix) {
+            let path = folder + "/" + name
+            var st = stat()
+            guard path != own?.path, lstat(path, &st) == 0, st.st_size > 0 else { continue }
+            let fd = retryEINTR { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+            guard fd >= 0 else { continue }
+            defer { close(fd) }
+            if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 { return true }
+        }
+        return false
+    }
+
+    /// The whole frames of `bytes`, up to the first torn or foreign one.
+    static func records(_ bytes: [UInt8]) -> [(seq: ChangeSeq, batch: Batch)] {
+        var out: [(seq: ChangeSeq, batch: Batch)] = []
+        var at = 0
+        bytes.withUnsafeBytes { raw in
+            while raw.count - at >= frameHeader {
+                let length = Int(UInt32(littleEndian: raw.loadUnaligned(fromByteOffset: at, as: UInt32.self)))
+                let sum = UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: at + 4, as: UInt64.self))
+                let start = at + frameHeader
+                guard length <= raw.count - start else { return }
+                let payload = UnsafeRawBufferPointer(rebasing: raw[start ..< start + length])
+                guard contentChecksum(payload) == sum,
+                      let record = BatchCoding.decodeRecord(Array(payload)) else { return }
+                out.append(record)
+                at = start + length
+            }
+        }
+        return out
+    }
+}
