@@ -49,11 +49,12 @@ final class CommitJournal: @unchecked Sendable {
             throw systemError("flock", temporary, code)
         }
         let path = folder + "/" + name + Self.suffix
-        if rename(temporary, path) != 0 {
-            let code = errno
+        do throws(StoreError) {
+            try renameNoReplace(temporary, path)
+        } catch {
             close(fd)
             unlink(temporary)
-            throw systemError("rename", temporary, code)
+            throw error
         }
         self.folder = folder
         self.path = path
@@ -119,18 +120,18 @@ final class CommitJournal: @unchecked Sendable {
             let isOwn = path == own?.path
             if isOwn && !includeOwn { continue }
             let isJournal = name.hasSuffix(suffix)
-            guard isJournal || name.hasSuffix(".new") else { continue }
+            var st = stat()
+            // A file not yet named may be a starting daemon's that has yet to lock it (trying
+            // its lock then would fail that daemon's start): only an old one is a dead daemon's.
+            guard isJournal || (name.hasSuffix(".new") && lstat(path, &st) == 0 && time(nil) - st.st_mtim.tv_sec > 60)
+            else { continue }
             let fd = retryEINTR { open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
             guard fd >= 0 else { continue }
             // One's own is locked through the other descriptor: it counts as alive.
             let dead = !isOwn && retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0
-            var st = stat()
             let size = fstat(fd, &st) == 0 ? Int(st.st_size) : 0
-            // A file not yet named may be a starting daemon's that has yet to lock it: only an
-            // old one is a dead daemon's.
-            let stale = isJournal || time(nil) - st.st_mtim.tv_sec > 60
             if !isJournal || size == 0 {
-                if dead && stale { unlink(path) }
+                if dead { unlink(path) }
                 close(fd)
                 continue
             }

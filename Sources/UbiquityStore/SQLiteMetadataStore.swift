@@ -147,8 +147,9 @@ package enum ChunkPacking {
 
 public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     // `mutex` guards every use of the connection: `db` and the prepared statements in
-    // `statements` (a statement is not usable from two threads at once). Everything else is
-    // immutable after init.
+    // `statements` (a statement is not usable from two threads at once), and the grouped
+    // commits' state: `group`, `unsettled`, `settleError`, `timerArmed`, `lostSavepoint` and the
+    // journal. Everything else is immutable after init.
     private let mutex = StoreMutex()
     private let db: OpaquePointer
     private var statements: [String: OpaquePointer] = [:]
@@ -514,7 +515,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     /// The held state, or nil when the copy is not whole.
     package func loadReplica() throws(StoreError) -> StoreSnapshot? {
-        try mutex.withLock { () throws(StoreError) -> StoreSnapshot? in
+        precondition(journal == nil, "a replica's database groups no commits")
+        return try mutex.withLock { () throws(StoreError) -> StoreSnapshot? in
             var whole = true
             let s = try loadLocked { () throws(StoreError) -> ChangeSeq in
                 let seq = try replicaPositionLocked()
@@ -581,6 +583,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// Runs `body` in a write transaction that ends by recording the position and high-water
     /// marks it returns.
     private func replicaTransaction(_ body: () throws(StoreError) -> (ChangeSeq, UInt64, Int64)) throws(StoreError) {
+        precondition(journal == nil, "a replica's database groups no commits")
         try mutex.withLock { () throws(StoreError) in
             try run("BEGIN IMMEDIATE")
             do throws(StoreError) {
@@ -667,12 +670,19 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     /// The batch joins the open group (one is opened if none is): acknowledged once journaled.
     private func groupedCommitLocked(_ batch: Batch) throws(StoreError) -> ChangeSeq {
-        if group == nil { group = try beginWriteLocked() }
+        if group == nil {
+            group = try beginWriteLocked()
+            armTimerLocked()
+        }
         let seq: ChangeSeq
         do throws(StoreError) {
             seq = try applyLocked(batch, seq: nil, group: &group!, journaled: true)
         } catch {
-            guard let lost = lostSavepoint else { throw error }
+            guard let lost = lostSavepoint else {
+                // An empty group holds the write lock for nothing.
+                if group?.count == 0 { closeGroupLocked() }
+                throw error
+            }
             // The transaction is past saving: what the group acknowledged is in the journal.
             lostSavepoint = nil
             abandonGroupLocked(error)
@@ -680,7 +690,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             throw error
         }
         group!.count += 1
-        if group!.count >= Self.groupLimit { closeGroupLocked() } else { armTimerLocked() }
+        if group!.count >= Self.groupLimit { closeGroupLocked() }
         return seq
     }
 
@@ -692,6 +702,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// expectation undoes it alone. `seq`: the position a journal record was acknowledged with.
     private func applyLocked(_ batch: Batch, seq wanted: ChangeSeq?, group g: inout Group,
                              journaled: Bool) throws(StoreError) -> ChangeSeq {
+        lostSavepoint = nil
         try run("SAVEPOINT batch")
         var seq: ChangeSeq = 0
         var inJournal = false
@@ -739,38 +750,46 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// is open no one else can write, and every writer applies them before anything else.
     private func beginWriteLocked() throws(StoreError) -> Group {
         try run("BEGIN IMMEDIATE")
-        var g: Group?
+        var g = Group(maxIno: 0, maxVersion: 0, storedMaxIno: 0, storedMaxVersion: 0, replaysOwn: unsettled)
         do throws(StoreError) {
             let (maxIno, maxVersion) = try highWaterMarks()
             g = Group(maxIno: maxIno, maxVersion: maxVersion, storedMaxIno: maxIno, storedMaxVersion: maxVersion,
                       replaysOwn: unsettled)
-            guard let journal else { return g! }
-            g!.journals = CommitJournal.pending(in: journal.folder, own: journal, includeOwn: unsettled)
-            var last = try lastSeq()
-            for found in g!.journals {
-                for (index, (seq, batch)) in found.records.enumerated() where seq > last {
-                    var why = "the position before it, \(seq - 1), is not in the store"
-                    if seq == last + 1 {
-                        do throws(StoreError) {
-                            _ = try applyLocked(batch, seq: seq, group: &g!, journaled: false)
-                            last = seq
-                            continue
-                        } catch where error.kind == .conflict {
-                            why = error.message
-                        }
-                    }
-                    // Only a power cut (which may lose commits) leads here: the rest of that
-                    // journal was made on a state the store no longer has.
-                    log("\(found.path): \(found.records.count - index) journaled commits from position \(seq) "
-                        + "cannot be applied and are dropped: \(why)")
-                    break
-                }
-            }
-            return g!
+            guard let journal else { return g }
+            g.journals = CommitJournal.pending(in: journal.folder, own: journal, includeOwn: unsettled)
+            if !g.journals.isEmpty { try replayLocked(into: &g) }
+            return g
         } catch {
-            for found in g?.journals ?? [] { found.finish(committed: false) }
+            for found in g.journals { found.finish(committed: false) }
             rollbackIfNeeded()
             throw error
+        }
+    }
+
+    /// Applies the journals' records past the store's last position in order of position,
+    /// whichever journal holds each, up to the first that is missing or no longer fits.
+    private func replayLocked(into g: inout Group) throws(StoreError) {
+        var last = try lastSeq()
+        var waiting: [ChangeSeq: Batch] = [:]
+        for found in g.journals {
+            for (seq, batch) in found.records where seq > last && waiting[seq] == nil { waiting[seq] = batch }
+        }
+        var why: String?
+        while let batch = waiting.removeValue(forKey: last + 1) {
+            do throws(StoreError) {
+                _ = try applyLocked(batch, seq: last + 1, group: &g, journaled: false)
+            } catch where error.kind == .conflict && lostSavepoint == nil {
+                waiting[last + 1] = batch
+                why = error.message
+                break
+            }
+            last += 1
+        }
+        // Only a power cut (which may lose commits; these were never promised durable) leads
+        // here: the rest were made on a state the store no longer has.
+        if let first = waiting.keys.min() {
+            log("\(journal?.folder ?? path): \(waiting.count) journaled commits from position \(first) cannot be applied "
+                + "and are dropped: \(why ?? "the position before it, \(first - 1), is not in the store")")
         }
     }
 
@@ -788,9 +807,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
         try run("COMMIT")
         for found in g.journals { found.finish(committed: true) }
-        if g.count > 0 || g.replaysOwn {
+        if g.count > 0 || g.replaysOwn, let journal {
             // Should emptying fail, the records stay, at positions the store has (never applied twice).
-            try? journal?.reset()
+            do throws(StoreError) { try journal.reset() } catch { log("\(error.message)") }
         }
         if g.replaysOwn {
             unsettled = false
@@ -809,9 +828,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             for found in g.journals { found.finish(committed: false) }
             guard g.count > 0 || g.replaysOwn else { return }
             unsettled = true
+            var failure = error
             // A full disk: as for a commit of its own, the reserve's space lets it through.
-            if error.kind == .noSpace, reserve?.release() == true, (try? applyJournalsLocked()) != nil { return }
-            markUnsettledLocked(error)
+            if error.kind == .noSpace, reserve?.release() == true {
+                do throws(StoreError) { return try applyJournalsLocked() } catch { failure = error }
+            }
+            markUnsettledLocked(failure)
         }
     }
 
@@ -862,12 +884,13 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
-    /// Commits the open group ~2 ms after its first batch, so that other daemons of the store
-    /// (waiting on the write lock) and readers are not held back by a quiet writer.
+    /// Commits the open group ~2 ms after it opened (or sooner, a timer of a group closed early
+    /// being still armed), so that other daemons of the store (waiting on the write lock) and
+    /// readers are not held back by a quiet writer.
     private func armTimerLocked() {
         guard !timerArmed, groupNanoseconds != .max else { return }
         timerArmed = true
-        Self.groupTimers.asyncAfter(deadline: .now() + .nanoseconds(Int(groupNanoseconds))) { [weak self] in
+        Self.groupTimers.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: groupNanoseconds))) { [weak self] in
             guard let self else { return }
             self.mutex.withLock {
                 self.timerArmed = false

@@ -158,6 +158,37 @@ final class GroupCommitTests: XCTestCase {
         XCTAssertEqual(try journals(root + "/a").count, 1, "the dropped ones' journals are gone")
     }
 
+    /// Records are applied in order of position whichever journal holds each (a journal whose
+    /// emptying failed still starts with old positions).
+    func testRecordsAreAppliedInOrderAcrossJournals() throws {
+        do {
+            let a = try daemon(root + "/a")
+            try a.commit([.putNode(Sample.node(2))], durable: true)
+        }
+        for seqs in [[2, 5], [3, 4]] as [[ChangeSeq]] {
+            let dead = try CommitJournal(folder: root + "/a/journal")
+            for seq in seqs {
+                try dead.append(BatchCoding.encodeRecord(seq: seq, batch: Batch([.putNode(Sample.node(InodeNumber(seq + 10)))],
+                                                                                writer: "x")))
+            }
+        }
+        let said = Said()
+        let a = try daemon(root + "/a", log: said.append)
+        XCTAssertEqual(try a.load().nodes.map(\.ino), [2, 12, 13, 14, 15])
+        XCTAssertEqual(try a.changes(since: 1).map(\.seq), [2, 3, 4, 5])
+        XCTAssertEqual(said.lines, [])
+    }
+
+    /// A group whose first batch failed holds no write lock: another writer commits at once.
+    func testAFailedFirstBatchLeavesNoGroupOpen() throws {
+        let a = try daemon(root + "/a")
+        XCTAssertThrowsError(try a.commit(Batch([.putNode(Sample.node(3))], expecting: [.nodeAt(ino: 2, change: 7)]),
+                                          durable: false))
+        let other = try SQLiteMetadataStore(path: root + "/a/metadata.sqlite3")
+        XCTAssertEqual(try other.commit([.putNode(Sample.node(2))], durable: true), 1)
+        withExtendedLifetime(a) {}
+    }
+
     /// A torn last frame (the daemon died inside the write) ends the journal: it was never
     /// acknowledged. The frames before it are read whole.
     func testATornLastFrameEndsTheJournal() throws {
