@@ -15,8 +15,9 @@ package enum BatchCoding {
     }
 
     /// A grouped commit's record in its writer's journal: its position, writer, expectations and
-    /// mutations (a replay checks the expectations as the commit did).
-    package static func encodeRecord(seq: ChangeSeq, batch: Batch) -> [UInt8] {
+    /// mutations (a replay checks the expectations as the commit did). `encoded`: the mutations
+    /// as `encode` made them for the change log, reused.
+    package static func encodeRecord(seq: ChangeSeq, batch: Batch, encoded: [UInt8]? = nil) -> [UInt8] {
         var w = Writer()
         w.byte(format)
         w.i64(seq)
@@ -33,7 +34,11 @@ package enum BatchCoding {
                 w.byte(5); w.string(key); w.byte(value == nil ? 0 : 1); w.string(value ?? "")
             }
         }
-        w.mutations(batch.mutations)
+        if let encoded, encoded.first == format {
+            w.out.append(contentsOf: encoded[1...])
+        } else {
+            w.mutations(batch.mutations)
+        }
         return w.out
     }
 

@@ -728,7 +728,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try apply(mutation, seq: seq, maxIno: &maxIno, maxVersion: &maxVersion)
             }
             if journaled, let journal {
-                try journal.append(BatchCoding.encodeRecord(seq: seq, batch: batch))
+                try journal.append(BatchCoding.encodeRecord(seq: seq, batch: batch, encoded: encoded))
                 inJournal = true
             }
             try run("RELEASE batch")

@@ -209,6 +209,8 @@ final class GroupCommitTests: XCTestCase {
         let read = CommitJournal.records([UInt8](whole))
         XCTAssertEqual(read.map(\.seq), [41, 42])
         XCTAssertEqual(read.map(\.batch), [batch, batch])
+        XCTAssertEqual(BatchCoding.encodeRecord(seq: 41, batch: batch, encoded: BatchCoding.encode(batch.mutations)),
+                       BatchCoding.encodeRecord(seq: 41, batch: batch), "the change log's encoding reused")
         XCTAssertEqual(CommitJournal.records([UInt8](whole.dropLast())).map(\.seq), [41])
         var flipped = [UInt8](whole)
         flipped[flipped.count - 3] ^= 1
