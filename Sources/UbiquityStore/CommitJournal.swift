@@ -113,7 +113,8 @@ final class CommitJournal: @unchecked Sendable {
     /// `own`'s only when `includeOwn`. Empty journals of dead daemons, and files a daemon died
     /// before naming, are removed on the way.
     static func pending(in folder: String, own: CommitJournal?, includeOwn: Bool) -> [Found] {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return [] }
+        let names = names(in: folder)
+        guard !names.isEmpty else { return [] }
         var found: [Found] = []
         for name in names {
             let path = folder + "/" + name
@@ -154,8 +155,7 @@ final class CommitJournal: @unchecked Sendable {
     /// Whether `folder` holds a dead daemon's journal with records (cheap enough to ask at each
     /// poll of the change feed: a file name and a size per daemon).
     static func orphanExists(in folder: String, own: CommitJournal?) -> Bool {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return false }
-        for name in names where name.hasSuffix(suffix) {
+        for name in names(in: folder) where name.hasSuffix(suffix) {
             let path = folder + "/" + name
             var st = stat()
             guard path != own?.path, lstat(path, &st) == 0, st.st_size > 0 else { continue }
@@ -165,6 +165,21 @@ final class CommitJournal: @unchecked Sendable {
             if retryEINTR({ flock(fd, LOCK_EX | LOCK_NB) }) == 0 { return true }
         }
         return false
+    }
+
+    /// The journals and unnamed journals in `folder` (readdir: FileManager's listing cost a
+    /// fifth of an isolated create, whose group opens with this).
+    static func names(in folder: String) -> [String] {
+        guard let dir = opendir(folder) else { return [] }
+        defer { closedir(dir) }
+        var names: [String] = []
+        while let entry = readdir(dir) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+            }
+            if name.hasSuffix(suffix) || name.hasSuffix(".new") { names.append(name) }
+        }
+        return names
     }
 
     /// The whole frames of `bytes`, up to the first torn or foreign one.
