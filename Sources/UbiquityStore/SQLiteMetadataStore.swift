@@ -826,14 +826,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         } catch {
             rollbackIfNeeded()
             for found in g.journals { found.finish(committed: false) }
-            guard g.count > 0 || g.replaysOwn else { return }
-            unsettled = true
-            var failure = error
-            // A full disk: as for a commit of its own, the reserve's space lets it through.
-            if error.kind == .noSpace, reserve?.release() == true {
-                do throws(StoreError) { return try applyJournalsLocked() } catch { failure = error }
-            }
-            markUnsettledLocked(failure)
+            // The next call settles them (on a full disk, with the reserve's space).
+            if g.count > 0 || g.replaysOwn { markUnsettledLocked(error) }
         }
     }
 
@@ -869,6 +863,15 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         } catch {
             settleError = error
             throw error
+        }
+    }
+
+    /// `body` under the mutex, for a read: it runs inside the open group's transaction, if any,
+    /// and only once what the journal alone holds is applied.
+    private func reading<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
+        try mutex.withLock { () throws(StoreError) -> R in
+            if unsettled { try settleLocked() }
+            return try body()
         }
     }
 
@@ -1069,8 +1072,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     /// The registered containers alone, for `ubiquityfs containers`.
     public func containers() throws(StoreError) -> [ContainerRecord] {
-        try mutex.withLock { () throws(StoreError) -> [ContainerRecord] in
-            if unsettled { try settleLocked() }
+        try reading { () throws(StoreError) -> [ContainerRecord] in
             return try readContainers()
         }
     }
@@ -1191,8 +1193,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
-        try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
-            if unsettled { try settleLocked() }
+        try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
             try run("SELECT \(versionColumns) FROM versions WHERE ino = ?1 ORDER BY id",
                     bind: { b throws(StoreError) in try b.uint(1, ino) },
@@ -1202,8 +1203,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func allVersions() throws(StoreError) -> [VersionRecord] {
-        try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
-            if unsettled { try settleLocked() }
+        try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
             try run("SELECT \(versionColumns) FROM versions ORDER BY id",
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
@@ -1212,8 +1212,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
-        try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
-            if unsettled { try settleLocked() }
+        try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
             try run("SELECT \(versionColumns) FROM versions WHERE origin = ?1 ORDER BY id",
                     bind: { b throws(StoreError) in try b.text(1, origin.rawValue) },
@@ -1223,8 +1222,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
-        try mutex.withLock { () throws(StoreError) -> VersionRecord? in
-            if unsettled { try settleLocked() }
+        try reading { () throws(StoreError) -> VersionRecord? in
             var result: VersionRecord?
             try run("SELECT \(versionColumns) FROM versions WHERE id = ?1",
                     bind: { b throws(StoreError) in try b.int(1, id) },
@@ -1238,8 +1236,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     }
 
     public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
-        try mutex.withLock { () throws(StoreError) -> Set<BlobID> in
-            if unsettled { try settleLocked() }
+        try reading { () throws(StoreError) -> Set<BlobID> in
             var result: Set<BlobID> = []
             try run("SELECT chunks FROM versions", row: { (r) throws(StoreError) in
                 guard let chunks = r.withBlob(0, { ChunkPacking.unpack($0) }) else {
