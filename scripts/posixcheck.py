@@ -186,6 +186,44 @@ def main(d):
     os.chmod(p("suid2"), 0o6755)
     os.chown(p("suid2"), 0, 0)
     check("root chowns without changing anything", "%o" % stat.S_IMODE(os.stat(p("suid2")).st_mode))
+    mode_of = lambda name: "%o" % stat.S_IMODE(os.stat(p(name)).st_mode)
+
+    def setid_file(name, mode):
+        write(p(name), b"0123456789", mode)
+        os.chmod(p(name), mode)
+
+    setid_file("suid3", 0o6777)
+    check("nobody truncates a 6777 file", as_nobody(lambda: os.truncate(p("suid3"), 3)))
+    check("a 6777 file after nobody truncated it", mode_of("suid3"))
+    setid_file("suid4", 0o6777)
+    check("nobody opens a 6777 file with O_TRUNC", as_nobody(lambda: os.close(os.open(p("suid4"), os.O_WRONLY | os.O_TRUNC))))
+    check("a 6777 file after nobody's O_TRUNC", mode_of("suid4"))
+    setid_file("suid5", 0o6777)
+    check("nobody ftruncates a 6777 file", as_nobody(lambda: (lambda fd: (os.ftruncate(fd, 2), os.close(fd)))(os.open(p("suid5"), os.O_WRONLY))))
+    check("a 6777 file after nobody's ftruncate", mode_of("suid5"))
+    setid_file("sgid", 0o2666)
+    check("nobody writes a 2666 file", as_nobody(lambda: write(p("sgid"), b"z", 0o2666)))
+    check("a 2666 file after nobody wrote it", mode_of("sgid"))
+    setid_file("sgid2", 0o2666)
+    os.chown(p("sgid2"), 0, 4242)
+    os.chmod(p("sgid2"), 0o2666)
+    check("nobody, of the file's group by a supplementary group, writes a 2666 file",
+          as_nobody(lambda: write(p("sgid2"), b"z", 0o2666), groups=(4242,)))
+    check("a 2666 file after a member of its group wrote it", mode_of("sgid2"))
+    check("nobody, of the file's group as its own, writes a 2666 file", as_nobody(lambda: write(p("sgid2"), b"z", 0o2666), gid=4242))
+    check("a 2666 file after its own group wrote it", mode_of("sgid2"))
+    setid_file("suid6", 0o6777)
+    write(p("suid6"), b"by root", 0o6777)
+    check("a 6777 file after root wrote it", mode_of("suid6"))
+    setid_file("suid7", 0o4777)
+    check("nobody appends to a 4777 file, twice", as_nobody(lambda: [
+        (lambda fd: (os.write(fd, b"+"), os.close(fd)))(os.open(p("suid7"), os.O_WRONLY | os.O_APPEND)) for _ in range(2)]))
+    check("a 4777 file after nobody appended", mode_of("suid7"))
+    os.chmod(p("suid7"), 0o4777)
+    check("a 4777 file set again after nobody appended", mode_of("suid7"))
+    check("nobody appends to it again", as_nobody(lambda: (lambda fd: (os.write(fd, b"+"), os.close(fd)))(
+        os.open(p("suid7"), os.O_WRONLY | os.O_APPEND))))
+    check("a 4777 file after nobody appended again", mode_of("suid7"))
 
     # Which times each operation changes: on the item, and on its folder.
     os.mkdir(p("t"))

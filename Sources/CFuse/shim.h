@@ -21,4 +21,103 @@ static inline int ubiquityfs_openat2(int dirfd, const char *path, unsigned long 
     how.resolve = resolve;
     return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
 }
+// Device I/O goes through the two functions below (fuse_session_custom_io) for what libfuse
+// 3.14 does not pass on. The kernel offers FUSE_HANDLE_KILLPRIV_V2 in INIT: with it the file
+// system drops set-user-ID and set-group-ID itself, and the kernel stops asking for
+// security.capability before every write (a round trip per write). libfuse 3.14 neither takes
+// that offer nor hands the file system the flags that say when to drop the bits (on WRITE,
+// OPEN, CREATE and a truncating SETATTR): the read hook moves them into fields libfuse does
+// pass on, where the bridge takes them out again. Layouts are the kernel's FUSE ABI
+// (linux/fuse.h), whose structures only ever grow at the end.
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#define UBIQUITYFS_OP_SETATTR 4
+#define UBIQUITYFS_OP_OPEN 14
+#define UBIQUITYFS_OP_WRITE 16
+#define UBIQUITYFS_OP_INIT 26
+#define UBIQUITYFS_OP_CREATE 35
+#define UBIQUITYFS_IN_HEADER 40
+#define UBIQUITYFS_KILLPRIV_V2 (1u << 28)
+#define UBIQUITYFS_WRITE_KILL_SUIDGID (1u << 2)
+#define UBIQUITYFS_OPEN_KILL_SUIDGID (1u << 0)
+#define UBIQUITYFS_FATTR_MODE (1u << 0)
+#define UBIQUITYFS_FATTR_KILL_SUIDGID (1u << 11)
+/// In a request's open flags (`fuse_file_info.flags` of open, create and write): the kernel
+/// asked to drop set-user-ID and set-group-ID. No open(2) flag uses this bit.
+#define UBIQUITYFS_FLAG_KILL_SUIDGID 0x40000000u
+/// In a SETATTR's mode when it sets no mode (`st_mode` without FUSE_SET_ATTR_MODE): the same.
+#define UBIQUITYFS_MODE_KILL_SUIDGID 0x40000000u
+
+// The INIT request's unique id (0 once answered) and the flags the kernel offered in it. A
+// static inside a function: Swift's importer emits no definition for a header's static variable.
+struct ubiquityfs_init_state { uint64_t unique; uint32_t offered; };
+static inline struct ubiquityfs_init_state *ubiquityfs_init(void) {
+    static struct ubiquityfs_init_state state;
+    return &state;
+}
+
+static inline uint32_t ubiquityfs_load32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline void ubiquityfs_store32(char *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/// Moves the kill flag at `from` (if `bit` is set there) into `to` as `mark`.
+static inline void ubiquityfs_move_flag(char *arg, int from, uint32_t bit, int to, uint32_t mark) {
+    if (ubiquityfs_load32(arg + from) & bit) ubiquityfs_store32(arg + to, ubiquityfs_load32(arg + to) | mark);
+}
+
+static ssize_t ubiquityfs_io_read(int fd, void *buf, size_t len, void *userdata) {
+    (void)userdata;
+    ssize_t n = read(fd, buf, len);
+    if (n < UBIQUITYFS_IN_HEADER) return n;
+    char *b = (char *)buf, *arg = b + UBIQUITYFS_IN_HEADER;
+    ssize_t size = n - UBIQUITYFS_IN_HEADER;
+    switch (ubiquityfs_load32(b + 4)) {
+    case UBIQUITYFS_OP_INIT:   // fuse_init_in: flags at 12
+        if (size >= 16) {
+            memcpy(&ubiquityfs_init()->unique, b + 8, 8);
+            ubiquityfs_init()->offered = ubiquityfs_load32(arg + 12);
+        }
+        break;
+    case UBIQUITYFS_OP_WRITE:  // fuse_write_in: write_flags at 20, flags at 32
+        if (size >= 40) ubiquityfs_move_flag(arg, 20, UBIQUITYFS_WRITE_KILL_SUIDGID, 32, UBIQUITYFS_FLAG_KILL_SUIDGID);
+        break;
+    case UBIQUITYFS_OP_OPEN:   // fuse_open_in: flags at 0, open_flags at 4
+        if (size >= 8) ubiquityfs_move_flag(arg, 4, UBIQUITYFS_OPEN_KILL_SUIDGID, 0, UBIQUITYFS_FLAG_KILL_SUIDGID);
+        break;
+    case UBIQUITYFS_OP_CREATE: // fuse_create_in: flags at 0, open_flags at 12
+        if (size >= 16) ubiquityfs_move_flag(arg, 12, UBIQUITYFS_OPEN_KILL_SUIDGID, 0, UBIQUITYFS_FLAG_KILL_SUIDGID);
+        break;
+    case UBIQUITYFS_OP_SETATTR: // fuse_setattr_in: valid at 0, mode at 68
+        if (size >= 88 && !(ubiquityfs_load32(arg) & UBIQUITYFS_FATTR_MODE))
+            ubiquityfs_move_flag(arg, 0, UBIQUITYFS_FATTR_KILL_SUIDGID, 68, UBIQUITYFS_MODE_KILL_SUIDGID);
+        break;
+    }
+    return n;
+}
+
+static ssize_t ubiquityfs_io_writev(int fd, struct iovec *iov, int count, void *userdata) {
+    (void)userdata;
+    // The reply to INIT (fuse_init_out: flags at 12) takes the kernel's offer of KILLPRIV_V2.
+    struct ubiquityfs_init_state *init = ubiquityfs_init();
+    if (init->unique != 0 && count >= 2 && iov[0].iov_len >= 16 && iov[1].iov_len >= 16) {
+        const char *h = (const char *)iov[0].iov_base;
+        uint64_t unique;
+        int32_t error;
+        memcpy(&unique, h + 8, 8);
+        memcpy(&error, h + 4, 4);
+        if (unique == init->unique && error == 0) {
+            char *out = (char *)iov[1].iov_base;
+            ubiquityfs_store32(out + 12, ubiquityfs_load32(out + 12) | (init->offered & UBIQUITYFS_KILLPRIV_V2));
+            init->unique = 0;
+        }
+    }
+    return writev(fd, iov, count);
+}
+
+/// After fuse_session_mount: the session's device I/O goes through the hooks above.
+static inline int ubiquityfs_custom_io(struct fuse_session *se) {
+    static const struct fuse_custom_io io = { ubiquityfs_io_writev, ubiquityfs_io_read, NULL, NULL };
+    return fuse_session_custom_io(se, &io, fuse_session_fd(se));
+}
 #endif

@@ -916,10 +916,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     if let uid = changes.uid { n.uid = uid }
                     if let gid = changes.gid { n.gid = gid }
                     // As the kernel does: a change of owner drops set-user-ID, and set-group-ID with group-exec.
-                    if changes.mode == nil && n.kind != .directory {
-                        n.mode &= ~UInt32(S_ISUID)
-                        if n.mode & 0o010 != 0 { n.mode &= ~UInt32(S_ISGID) }
-                    }
+                    if changes.mode == nil && n.kind != .directory { n.mode = Self.droppingSetID(n.mode, keepsGroup: true) }
                     changed = true
                 }
                 let doc = docsLock.withLock { docs[n.ino] }
@@ -940,6 +937,51 @@ public final class UbiquityFileSystem: @unchecked Sendable {
                     s.put(n)
                 }
                 return attributes(n, doc: doc)
+            }
+        }
+    }
+
+    /// A mode without set-user-ID, and without set-group-ID where the group may execute or,
+    /// when `keepsGroup` is false, at all (without group-exec the bit marks mandatory locking,
+    /// which a member of the file's group keeps: the kernel's rule for ext4).
+    public static func droppingSetID(_ mode: UInt32, keepsGroup: Bool) -> UInt32 {
+        var mode = mode & ~UInt32(S_ISUID)
+        if mode & 0o010 != 0 || !keepsGroup { mode &= ~UInt32(S_ISGID) }
+        return mode
+    }
+
+    /// What a write or a truncation by a caller without CAP_FSETID does to a regular file's
+    /// set-ID bits: the kernel leaves it to the file system, and says when. `inGroup` answers
+    /// whether the caller belongs to a group (asked only for set-group-ID without group-exec on
+    /// a file of a group other than the caller's own). Nothing is committed for a file without
+    /// the bits, the usual case.
+    public func dropSetID(_ ino: UInt64, caller: Caller, inGroup: (UInt32) -> Bool) throws(FSError) {
+        guard trashNode(ino) == nil else { return }
+        var member: [UInt32: Bool] = [:]
+        func dropped(_ n: NodeRecord) -> UInt32 {
+            guard n.kind == .regular, n.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return n.mode }
+            var keepsGroup = true
+            if n.mode & UInt32(S_ISGID) != 0 && n.mode & 0o010 == 0 && caller.uid != 0 && caller.gid != n.gid {
+                if member[n.gid] == nil { member[n.gid] = inGroup(n.gid) }
+                keepsGroup = member[n.gid]!
+            }
+            return Self.droppingSetID(n.mode, keepsGroup: keepsGroup)
+        }
+        let has = ns.read { () -> Bool in
+            guard case .node(let n)? = try? changeableTarget(ino) else { return false }
+            return dropped(n) != n.mode
+        }
+        guard has else { return }
+        try typed {
+            try mutate { s in
+                guard case .node(var n) = try changeableTarget(ino) else { return }
+                let mode = dropped(n)
+                guard mode != n.mode else { return }
+                let now = nowNanoseconds()
+                n.mode = mode
+                n.ctime = now
+                docsLock.withLock { docs[n.ino] }?.setTimes(ctime: now)
+                s.put(n)
             }
         }
     }

@@ -119,6 +119,21 @@ struct Request: ~Copyable {
         return Caller(uid: ctx.uid, gid: ctx.gid, pid: ctx.pid)
     }
 
+    /// Drops the file's set-ID bits as the kernel asked (a write or truncation by a caller
+    /// without CAP_FSETID); the caller's supplementary groups are read only if they matter.
+    func dropSetID(_ ino: UInt64) throws(FSError) {
+        let req = self.req
+        try fs.dropSetID(ino, caller: caller) { gid in
+            var groups = [gid_t](repeating: 0, count: 64)
+            var n = Int(fuse_req_getgroups(req, Int32(groups.count), &groups))
+            if n > groups.count {
+                groups = [gid_t](repeating: 0, count: n)
+                n = Int(fuse_req_getgroups(req, Int32(groups.count), &groups))
+            }
+            return n > 0 && groups.prefix(min(n, groups.count)).contains(gid)
+        }
+    }
+
     /// The plan, if this request comes from a replay's system call (the kernel names the
     /// calling thread).
     var replayPlan: ReplayPlan? {
@@ -339,6 +354,15 @@ final class PendingRequest: @unchecked Sendable {
 
 private func fileHandle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> UInt64 { fi?.pointee.fh ?? 0 }
 
+/// Whether the kernel asked (through the shim's read hook) to drop the file's set-ID bits; the
+/// mark is taken out of the open flags it rode in.
+private func takeDropSetID(_ flags: inout Int32) -> Bool {
+    let mark = Int32(bitPattern: UBIQUITYFS_FLAG_KILL_SUIDGID)
+    guard flags & mark != 0 else { return false }
+    flags &= ~mark
+    return true
+}
+
 /// Buffers for read replies, kept from one read to the next: a fresh 1 MiB buffer per read
 /// faulted in its pages each time (a tenth of the daemon's CPU in a sequential read). A few are
 /// kept (reads in flight at once are about as many as the kernel's read-ahead asks for);
@@ -431,6 +455,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let a = attr.pointee
         var c = AttributeChanges()
         if toSet & FUSE_SET_ATTR_MODE != 0 { c.mode = UInt32(a.st_mode) }
+
         if toSet & FUSE_SET_ATTR_UID != 0 { c.uid = a.st_uid }
         if toSet & FUSE_SET_ATTR_GID != 0 { c.gid = a.st_gid }
         if toSet & FUSE_SET_ATTR_SIZE != 0 { c.size = UInt64(a.st_size) }
@@ -444,6 +469,10 @@ func makeOperations() -> fuse_lowlevel_ops {
             guard plan.op == .touch(ino) else { r.error(EAGAIN); return }
             r.attr("replayed setattr", ino) { () throws(FSError) in try fs.getattr(ino) }
             return
+        }
+        // A truncation by a caller without CAP_FSETID (the shim's mark in the mode it does not set).
+        if toSet & FUSE_SET_ATTR_MODE == 0 && UInt32(a.st_mode) & UBIQUITYFS_MODE_KILL_SUIDGID != 0 {
+            do throws(FSError) { try r.dropSetID(ino) } catch { r.fail("setattr", ino, error); return }
         }
         r.attr("setattr", ino) { () throws(FSError) in try fs.setattr(ino, c, handle: h, caller: who) }
     }
@@ -513,7 +542,15 @@ func makeOperations() -> fuse_lowlevel_ops {
         let r = Request(req), fs = r.fs
         if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
+        let drop = takeDropSetID(&fi.pointee.flags)
         do throws(FSError) { fi.pointee.fh = try fs.open(ino, flags: fi.pointee.flags) } catch { r.fail("open", ino, error); return }
+        if drop {
+            do throws(FSError) { try r.dropSetID(ino) } catch {
+                try? fs.release(handle: fi.pointee.fh)
+                r.fail("open", ino, error)
+                return
+            }
+        }
         if fs.keepsKernelCache(ino, truncating: fi.pointee.flags & O_TRUNC != 0) { fi.pointee.keep_cache = 1 }
         r.opened(fi) { try? fs.release(handle: fi.pointee.fh) }
     }
@@ -522,13 +559,25 @@ func makeOperations() -> fuse_lowlevel_ops {
         let r = Request(req), fs = r.fs
         if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
-        let attrs: Attributes
+        let drop = takeDropSetID(&fi.pointee.flags)
+        var attrs: Attributes
         do throws(FSError) {
             let (a, handle) = try fs.create(parent: parent, name: name(cname), mode: UInt32(mode),
                                             flags: fi.pointee.flags, caller: r.caller)
             attrs = a
             fi.pointee.fh = handle
         } catch { r.fail("create", parent, error); return }
+        // An existing file opened with O_TRUNC (the name appeared after the kernel looked).
+        if drop && attrs.mode & 0o6000 != 0 {
+            do throws(FSError) {
+                try r.dropSetID(attrs.ino)
+                attrs = try fs.getattr(attrs.ino)
+            } catch {
+                try? fs.release(handle: fi.pointee.fh)
+                r.fail("create", parent, error)
+                return
+            }
+        }
         r.created(attrs, named: (parent, name(cname)), fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 
@@ -549,6 +598,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         let n: Int
         do throws(FSError) {
+            if let fi, takeDropSetID(&fi.pointee.flags) { try r.dropSetID(ino) }
             n = try r.fs.write(handle: fileHandle(fi), offset: UInt64(off), bytes: UnsafeRawBufferPointer(start: buf, count: size))
         } catch { r.fail("write", ino, error); return }
         r.written(n)
@@ -868,6 +918,9 @@ public final class FuseSession: @unchecked Sendable {
             throw FSError(EIO, "cannot mount on \(mountpoint) (is it an existing empty folder, and is /dev/fuse usable?)")
         }
         mounted = true
+        // The kernel's kill flags reach the ops through the shim's hooks; without them the
+        // kernel keeps dropping set-ID bits itself, and asks for security.capability per write.
+        if ubiquityfs_custom_io(session) != 0 { log("libfuse refused custom device I/O: set-ID bits stay the kernel's to drop") }
     }
 
     /// Serve requests on worker threads until unmounted (`fusermount3 -u`) or a signal arrives.

@@ -609,6 +609,45 @@ final class PosixModelTests: XCTestCase {
         XCTAssertEqual(ga.mode & 0o7777, 0o2644, "set-group-ID without group-exec (mandatory locking) stays")
     }
 
+    func testDropSetIDAsAWriteByAnotherUserDoes() throws {
+        let other = Caller(uid: 4000, gid: 4000)
+        func file(_ name: String, mode: UInt32, gid: UInt32 = owner.gid) throws -> UInt64 {
+            let f = try fs.makeFile(docs, name, b("x"))
+            _ = try fs.setattr(f, AttributeChanges(mode: mode, gid: gid), handle: nil, caller: owner)
+            _ = try fs.setattr(f, AttributeChanges(mode: mode), handle: nil, caller: owner)
+            return f
+        }
+        var asked: [UInt32] = []
+        let a = try file("a", mode: 0o6777)
+        try fs.dropSetID(a, caller: other) { asked.append($0); return false }
+        XCTAssertEqual(try fs.getattr(a).mode & 0o7777, 0o777, "both bits go where the group may execute")
+        XCTAssertEqual(asked, [], "group-exec decides it: the groups are not asked for")
+
+        let b2 = try file("b", mode: 0o2666, gid: 4242)
+        try fs.dropSetID(b2, caller: other) { asked.append($0); return true }
+        XCTAssertEqual(try fs.getattr(b2).mode & 0o7777, 0o2666, "a member of the file's group keeps set-group-ID without group-exec")
+        XCTAssertEqual(asked, [4242])
+        try fs.dropSetID(b2, caller: other) { _ in false }
+        XCTAssertEqual(try fs.getattr(b2).mode & 0o7777, 0o666, "anyone else drops it")
+        let c = try file("c", mode: 0o2666, gid: 4000)
+        try fs.dropSetID(c, caller: other) { _ in XCTFail("the caller's own group needs no look-up"); return false }
+        XCTAssertEqual(try fs.getattr(c).mode & 0o7777, 0o2666)
+
+        let d = try file("d", mode: 0o644)
+        let before = try fs.getattr(d)
+        try fs.dropSetID(d, caller: other) { _ in false }
+        XCTAssertEqual(try fs.getattr(d), before, "a file without set-ID bits is left as it was, ctime too")
+        let e = try file("e", mode: 0o4755)
+        let eBefore = try fs.getattr(e)
+        usleep(2000)
+        try fs.dropSetID(e, caller: other) { _ in false }
+        let eAfter = try fs.getattr(e)
+        XCTAssertEqual(eAfter.mode & 0o7777, 0o755)
+        XCTAssertGreaterThan(eAfter.ctime, eBefore.ctime, "dropping the bits is a change of the inode")
+        let fresh = try reopen()
+        XCTAssertEqual(try fresh.getattr(e).mode & 0o7777, 0o755, "committed")
+    }
+
     func testSetgidFolderPassesGroupAndBit() throws {
         let shared = try mkdir(docs, "shared", mode: 0o2775)
         _ = try fs.setattr(shared, AttributeChanges(gid: 4242), handle: nil, caller: owner)
