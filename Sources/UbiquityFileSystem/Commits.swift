@@ -35,7 +35,8 @@ extension UbiquityFileSystem {
                 let freed = try blobsFreed(by: staging)
                 let batch = Batch(staging.mutations,
                                   expecting: extra + state.expectations(for: staging.mutations, unchanged: staging.unchanged),
-                                  writer: writerID, position: state.seq, token: token)
+                                  writer: writerID, position: state.seq, token: token,
+                                  expectationsReadAtPosition: extra.isEmpty)
                 let seq: ChangeSeq
                 do throws(StoreError) { seq = try store.metadata.commit(batch, durable: false) } catch {
                     guard error.kind == .conflict else { throw FSError(error) }

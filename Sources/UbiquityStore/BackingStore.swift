@@ -98,10 +98,15 @@ public struct Batch: Sendable, Equatable {
     /// The token its change-log row carries (nil: the store picks one). A batch committed again
     /// under the same token after a crash is found by it instead of landing twice.
     public var token: String?
+    /// Every expectation was read from the state at `position` (a model staging over its own
+    /// namespace, which holds exactly the log's batches up to there): a store whose log still
+    /// ends at `position` knows they hold without reading them again. Not stored with the batch:
+    /// a batch applied again later (a journal's, after a crash) is always checked.
+    public var expectationsReadAtPosition: Bool
     public init(_ mutations: [Mutation], expecting expectations: [Expectation] = [], writer: String = "",
-                position: ChangeSeq = 0, token: String? = nil) {
+                position: ChangeSeq = 0, token: String? = nil, expectationsReadAtPosition: Bool = false) {
         self.mutations = mutations; self.expectations = expectations; self.writer = writer; self.position = position
-        self.token = token
+        self.token = token; self.expectationsReadAtPosition = expectationsReadAtPosition
     }
 }
 

@@ -127,6 +127,29 @@ final class GroupCommitTests: XCTestCase {
         XCTAssertEqual(try nodes(root + "/a"), [2, 4], "a read closes the group")
     }
 
+    /// A batch staged over the log's last position needs no expectation read again (the model
+    /// read them from that very state); one staged over an earlier position, or that does not
+    /// say where its expectations come from, has them checked. (The expectation below is false
+    /// on purpose: it shows which batches were checked.)
+    func testExpectationsReadAtTheLogsLastPositionAreTakenAsTheyAre() throws {
+        let a = try daemon(root + "/a")
+        XCTAssertEqual(try a.commit(Batch([.putNode(Sample.node(2))], writer: "a"), durable: false), 1)
+        let stale: [Expectation] = [.nodeAt(ino: 2, change: 7)]
+        func batch(_ ino: InodeNumber, position: ChangeSeq, read: Bool) -> Batch {
+            Batch([.putNode(Sample.node(ino))], expecting: stale, writer: "a", position: position, expectationsReadAtPosition: read)
+        }
+        XCTAssertEqual(try a.commit(batch(3, position: 1, read: true), durable: false), 2, "staged at the last position")
+        XCTAssertEqual(try a.commit(batch(4, position: 2, read: true), durable: true), 3, "a durable one too")
+        for (b, why) in [(batch(5, position: 2, read: true), "another batch came after its position"),
+                         (batch(5, position: 3, read: false), "it does not say where its expectations come from"),
+                         (batch(5, position: 0, read: true), "no position")] {
+            XCTAssertThrowsError(try a.commit(b, durable: false), why) { error in
+                XCTAssertEqual((error as? StoreError)?.kind, .conflict, why)
+            }
+        }
+        XCTAssertEqual(try a.load().nodes.map(\.ino), [2, 3, 4])
+    }
+
     /// A journal's records past a gap (the positions before them are not in the store, as after
     /// a power cut) or whose expectations fail are not applied, and the log says so.
     func testRecordsThatNoLongerFitAreDroppedAndSaid() throws {
