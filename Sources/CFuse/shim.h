@@ -29,6 +29,7 @@ static inline int ubiquityfs_openat2(int dirfd, const char *path, unsigned long 
 // OPEN, CREATE and a truncating SETATTR): the read hook moves them into fields libfuse does
 // pass on, where the bridge takes them out again. Layouts are the kernel's FUSE ABI
 // (linux/fuse.h), whose structures only ever grow at the end.
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -115,9 +116,27 @@ static ssize_t ubiquityfs_io_writev(int fd, struct iovec *iov, int count, void *
     return writev(fd, iov, count);
 }
 
+// A reply spliced from a pipe (a read answered from blob files): without this hook a session
+// with custom I/O never splices. splice(2) through syscall(2): its declaration wants _GNU_SOURCE.
+static ssize_t ubiquityfs_io_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len,
+                                         unsigned int flags, void *userdata) {
+    (void)userdata;
+    return (ssize_t)syscall(SYS_splice, fdin, offin, fdout, offout, len, flags);
+}
+
+/// Whether a pipe can be grown to `bytes` (F_SETPIPE_SZ, which Swift does not see).
+static inline int ubiquityfs_pipe_can_hold(int bytes) {
+    int fds[2];
+    if (pipe(fds) != 0) return 0;
+    int ok = fcntl(fds[0], 1031 /* F_SETPIPE_SZ */, bytes) >= bytes;
+    close(fds[0]);
+    close(fds[1]);
+    return ok;
+}
+
 /// After fuse_session_mount: the session's device I/O goes through the hooks above.
 static inline int ubiquityfs_custom_io(struct fuse_session *se) {
-    static const struct fuse_custom_io io = { ubiquityfs_io_writev, ubiquityfs_io_read, NULL, NULL };
+    static const struct fuse_custom_io io = { ubiquityfs_io_writev, ubiquityfs_io_read, NULL, ubiquityfs_io_splice_send };
     return fuse_session_custom_io(se, &io, fuse_session_fd(se));
 }
 #endif

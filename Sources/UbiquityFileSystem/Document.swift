@@ -151,6 +151,41 @@ final class Document: @unchecked Sendable {
         }
     }
 
+    /// `count` bytes at `offset` as pieces of the base's blob files and runs of zeros, when the
+    /// working copy holds none of them and every blob is a whole file on this machine: `body`
+    /// gets them with the files open and the content held still (a reply spliced from the
+    /// files). nil where the bytes must be read (and merged) by `read`.
+    func withFilePieces<R>(at offset: UInt64, count: Int, files: any BlobFiles,
+                           _ body: ([FilePiece]) -> R) throws -> R? {
+        try lock.read { () throws -> R? in
+            guard offset < size, count > 0 else { return nil }
+            let total = Int(min(UInt64(count), size - offset))
+            var pieces: [FilePiece] = []
+            var open: [BlobFile] = []
+            var done = 0
+            while done < total {
+                let position = Int(offset) + done
+                let index = position / chunkSize
+                let within = position % chunkSize
+                let n = min(total - done, chunkSize - within)
+                guard partial[index] == nil, !dirty.contains(index) || work == nil else { return nil }
+                var got = 0
+                if index < base.count, !base[index].isHole, within < Int(base[index].length) {
+                    let chunk = base[index]
+                    let file = try files.file(chunk.blob)
+                    // A blob shorter than its chunk (damaged) is for `read` to report.
+                    guard file.size >= Int(chunk.length) else { return nil }
+                    got = min(n, Int(chunk.length) - within)
+                    pieces.append(.file(fd: file.fd, offset: within, length: got))
+                    open.append(file)
+                }
+                if got < n { pieces.append(.zeros(n - got)) }
+                done += n
+            }
+            return withExtendedLifetime(open) { body(pieces) }
+        }
+    }
+
     /// Caller holds `lock` (read or write).
     private func readPiece(index: Int, within: Int, into piece: UnsafeMutableRawBufferPointer) throws {
         if let pages = partial[index], let work {

@@ -209,3 +209,9 @@ public enum KernelInvalidation: Sendable, Hashable {
 /// setxattr flags (<sys/xattr.h>, not imported by Glibc's module).
 public let xattrCreate: Int32 = 1
 public let xattrReplace: Int32 = 2
+
+/// Part of a read's reply: bytes of an open file, or zeros (a hole, or past a chunk's end).
+public enum FilePiece: Sendable, Equatable {
+    case file(fd: Int32, offset: Int, length: Int)
+    case zeros(Int)
+}

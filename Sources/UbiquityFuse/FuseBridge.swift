@@ -32,6 +32,8 @@ final class Bridge: @unchecked Sendable {
     var readAhead: (file: String, kib: Int)?
     /// True until the first request after INIT has set the read-ahead.
     let readAheadPending = Atomic<Bool>(false)
+    /// Reads of published content are answered from the blob files by splice (set at INIT).
+    let splicesReads = Atomic<Bool>(false)
 
     /// The kernel queues every request but INIT until it has taken INIT's answer, so the first
     /// other request finds the read-ahead lowered already; and it normally comes before any
@@ -354,6 +356,46 @@ final class PendingRequest: @unchecked Sendable {
 
 private func fileHandle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> UInt64 { fi?.pointee.fh ?? 0 }
 
+/// Whether a pipe can be grown to hold a 1 MiB read's reply (libfuse splices only through one
+/// that does; past /proc/sys/fs/pipe-max-size that takes CAP_SYS_RESOURCE).
+private func pipesCanHoldAReply() -> Bool { ubiquityfs_pipe_can_hold(1 << 20) != 0 }
+
+/// Zeros for the holes of a spliced reply: a read-only anonymous mapping, which takes no memory
+/// (and which nothing writes).
+nonisolated(unsafe) private let zeroPage: UnsafeMutableRawPointer = {
+    let p = mmap(nil, 1 << 20, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+    guard let p, p != UnsafeMutableRawPointer(bitPattern: -1) else { fatalError("cannot map 1 MiB of zeros") }
+    return p
+}()
+
+/// Answers a read with `pieces` of blob files and zeros (libfuse splices the files into the
+/// reply). Returns whether the reply reached the kernel.
+private func replyPieces(_ req: fuse_req_t?, _ pieces: [FilePiece]) -> Bool {
+    let count = max(pieces.count, 1)
+    let bufOffset = MemoryLayout<fuse_bufvec>.offset(of: \fuse_bufvec.buf)!
+    let bytes = bufOffset + count * MemoryLayout<fuse_buf>.stride
+    let raw = UnsafeMutableRawPointer.allocate(byteCount: max(bytes, MemoryLayout<fuse_bufvec>.size),
+                                               alignment: MemoryLayout<fuse_bufvec>.alignment)
+    defer { raw.deallocate() }
+    raw.initializeMemory(as: UInt8.self, repeating: 0, count: max(bytes, MemoryLayout<fuse_bufvec>.size))
+    let vec = raw.assumingMemoryBound(to: fuse_bufvec.self)
+    vec.pointee.count = pieces.count
+    let bufs = (raw + bufOffset).assumingMemoryBound(to: fuse_buf.self)
+    for (i, piece) in pieces.enumerated() {
+        switch piece {
+        case .file(let fd, let offset, let length):
+            bufs[i].size = length
+            bufs[i].flags = fuse_buf_flags(rawValue: FUSE_BUF_IS_FD.rawValue | FUSE_BUF_FD_SEEK.rawValue)
+            bufs[i].fd = fd
+            bufs[i].pos = off_t(offset)
+        case .zeros(let length):
+            bufs[i].size = length
+            bufs[i].mem = zeroPage
+        }
+    }
+    return fuse_reply_data(req, vec, fuse_buf_copy_flags(rawValue: 0)) == 0
+}
+
 /// Whether the kernel asked (through the shim's read hook) to drop the file's set-ID bits; the
 /// mark is taken out of the open flags it rode in.
 private func takeDropSetID(_ flags: inout Int32) -> Bool {
@@ -392,8 +434,25 @@ final class ReadBuffers: @unchecked Sendable {
 func makeOperations() -> fuse_lowlevel_ops {
     var ops = fuse_lowlevel_ops()
 
-    ops.`init` = { _, conn in
+    ops.`init` = { userdata, conn in
         guard let conn else { return }
+        // A read of published content is spliced from the blob files into the reply: the
+        // kernel copies once, where a pread into a buffer and a write of it copy twice. libfuse
+        // splices only through a pipe that holds the whole reply (1 MiB and its header), which
+        // only a daemon allowed past pipe-max-size gets; any other would copy through a buffer
+        // it allocates per read, slower than the daemon's own.
+        if let userdata {
+            let bridge = Unmanaged<Bridge>.fromOpaque(userdata).takeUnretainedValue()
+            if conn.pointee.capable & UInt32(FUSE_CAP_SPLICE_WRITE) != 0, pipesCanHoldAReply() {
+                conn.pointee.want |= UInt32(FUSE_CAP_SPLICE_WRITE)
+                conn.pointee.max_write = 1_024_000
+                bridge.splicesReads.store(true, ordering: .releasing)
+            } else {
+                bridge.log("reads are copied through the daemon: "
+                           + (conn.pointee.capable & UInt32(FUSE_CAP_SPLICE_WRITE) == 0
+                              ? "libfuse offers no splice" : "a pipe cannot hold a whole read (pipe-max-size)"))
+            }
+        }
         // Kernel-side write-back caching would let the kernel reorder and merge writes behind the
         // coordination layer's back; the working copy is the cache.
         conn.pointee.want &= ~UInt32(FUSE_CAP_WRITEBACK_CACHE)
@@ -583,6 +642,15 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.read = { req, ino, size, off, fi in
         let r = Request(req)
+        if r.bridge.splicesReads.load(ordering: .acquiring) {
+            let spliced: Bool?
+            do throws(FSError) {
+                spliced = try r.fs.withFilePieces(handle: fileHandle(fi), offset: UInt64(off), count: size) { pieces in
+                    replyPieces(req, pieces)
+                }
+            } catch { r.fail("read", ino, error); return }
+            if spliced != nil { r.answered(); return }
+        }
         let buffer = ReadBuffers.shared.take(size)
         defer { ReadBuffers.shared.give(buffer) }
         let n: Int

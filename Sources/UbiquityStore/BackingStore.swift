@@ -597,6 +597,21 @@ public protocol ChunkAdopting: AnyObject, Sendable {
     func adopt(_ path: String, length: Int, checksum: UInt64, durable: Bool) throws(StoreError) -> ChunkRef
 }
 
+/// Blobs that are whole files on this machine (a read's reply can be spliced from them).
+public protocol BlobFiles: AnyObject, Sendable {
+    /// `blob`'s file, open for reading while the returned object lives.
+    func file(_ blob: BlobID) throws(StoreError) -> BlobFile
+}
+
+/// An open blob file; closed once no one holds it.
+public final class BlobFile: Sendable {
+    public let fd: Int32
+    /// Its size when opened (a blob never changes).
+    public let size: Int
+    init(_ fd: Int32, size: Int) { self.fd = fd; self.size = size }
+    deinit { close(fd) }
+}
+
 /// A working copy found at start-up: a daemon died before publishing it.
 public struct RecoveredWork: Sendable {
     public var ino: InodeNumber

@@ -10,7 +10,7 @@
 // `unsyncedLimit` chunks, one syncfs is cheaper than as many journal commits.
 //
 // Reads go through a bounded LRU cache of read-only fds. The cache lock guards only the map; the
-// pread runs outside it on a reference-counted `CachedFD` that closes its fd when the last user
+// pread runs outside it on a reference-counted `BlobFile` that closes its fd when the last user
 // (the cache or a reader in flight) lets go — so evicting an fd another thread is reading from
 // is harmless.
 
@@ -19,17 +19,10 @@ import Foundation
 import Glibc
 #endif
 
-/// An open read-only fd, closed when the last reference goes.
-final class CachedFD: Sendable {
-    let fd: Int32
-    init(_ fd: Int32) { self.fd = fd }
-    deinit { close(fd) }
-}
-
 /// A bounded LRU map of blob id → open fd. Not thread-safe: use under a lock.
 struct FDCache {
     private struct Entry {
-        var handle: CachedFD
+        var handle: BlobFile
         var lastUse: UInt64
     }
     let capacity: Int
@@ -40,7 +33,7 @@ struct FDCache {
 
     var count: Int { entries.count }
 
-    mutating func get(_ id: BlobID) -> CachedFD? {
+    mutating func get(_ id: BlobID) -> BlobFile? {
         guard entries[id] != nil else { return nil }
         clock += 1
         entries[id]!.lastUse = clock
@@ -50,9 +43,9 @@ struct FDCache {
     /// Inserts `handle` unless `id` is already cached; returns the cached one, and the entry
     /// evicted to make room (the least recently used; O(capacity), only on a miss, which costs an
     /// open() anyway) so the caller can release it outside its lock.
-    mutating func insert(_ id: BlobID, _ handle: CachedFD) -> (handle: CachedFD, evicted: CachedFD?) {
+    mutating func insert(_ id: BlobID, _ handle: BlobFile) -> (handle: BlobFile, evicted: BlobFile?) {
         if let existing = get(id) { return (existing, nil) }
-        var evicted: CachedFD?
+        var evicted: BlobFile?
         if entries.count >= capacity,
            let victim = entries.min(by: { $0.value.lastUse < $1.value.lastUse })?.key {
             evicted = entries.removeValue(forKey: victim)?.handle
@@ -63,10 +56,10 @@ struct FDCache {
     }
 
     /// Removes `id`; returns its handle so the caller can release it outside its lock.
-    mutating func remove(_ id: BlobID) -> CachedFD? { entries.removeValue(forKey: id)?.handle }
+    mutating func remove(_ id: BlobID) -> BlobFile? { entries.removeValue(forKey: id)?.handle }
 }
 
-public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable {
+public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @unchecked Sendable {
     // `cacheMutex` guards `cache` (the map of open read fds) and nothing else; it is never held
     // across a system call (evicted fds are released, and so maybe closed, after unlocking).
     private let cacheMutex = StoreMutex()
@@ -291,6 +284,8 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
         return lstat(path(of: id), &st) == 0 ? Int(st.st_size) : nil
     }
 
+    public func file(_ blob: BlobID) throws(StoreError) -> BlobFile { try openForReading(blob) }
+
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         if blob == 0 || buffer.isEmpty { return 0 }  // the hole: an empty blob
         guard offset >= 0 else { throw StoreError(errno: EINVAL, "read \(path(of: blob)): negative offset \(offset)") }
@@ -299,12 +294,18 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, @unchecked Sendable
     }
 
     /// The cached fd of `blob`, opening it (outside the lock) on a miss.
-    private func openForReading(_ blob: BlobID) throws(StoreError) -> CachedFD {
+    private func openForReading(_ blob: BlobID) throws(StoreError) -> BlobFile {
         if let handle = cacheMutex.withLock({ cache.get(blob) }) { return handle }
         let file = path(of: blob)
         let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
         if fd < 0 { throw systemError("open blob", file, errno) }
-        let fresh = CachedFD(fd)
+        var st = stat()
+        if fstat(fd, &st) != 0 {
+            let code = errno
+            close(fd)
+            throw systemError("stat blob", file, code)
+        }
+        let fresh = BlobFile(fd, size: Int(st.st_size))
         // If another thread cached it meanwhile, use theirs; `fresh` closes on release.
         let (handle, evicted) = cacheMutex.withLock { cache.insert(blob, fresh) }
         withExtendedLifetime(evicted) {}  // released here, outside the lock

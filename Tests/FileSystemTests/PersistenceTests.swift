@@ -141,6 +141,57 @@ final class PersistenceTests: XCTestCase {
         }
     }
 
+    /// A read's bytes as blob-file pieces and zeros (what a spliced reply sends) are the bytes a
+    /// copying read returns, across chunks, holes and a short last chunk; a working copy's
+    /// bytes are never offered as pieces.
+    func testFilePiecesAreTheBytesAReadReturns() throws {
+        try embeddedSession(embeddedDirectory()) { fs, _ in
+            let docs = try fs.ino("SugoiApp")
+            let chunk = 1 << 20
+            var data = [UInt8](repeating: 0, count: 2 * chunk + 5000)
+            for i in data.indices where i < chunk || i >= 2 * chunk { data[i] = UInt8(truncatingIfNeeded: i &* 31 &+ 7) }
+            let (attrs, w) = try fs.create(parent: docs, name: b("pieces.bin"), mode: 0o644, flags: O_RDWR, caller: owner)
+            try fs.put(w, Array(data[..<chunk]), at: 0)      // chunk 1 stays a hole
+            try fs.put(w, Array(data[(2 * chunk)...]), at: UInt64(2 * chunk))
+            try fs.release(handle: w)
+            var h = try fs.open(attrs.ino, flags: O_RDONLY)
+            defer { try? fs.release(handle: h) }
+            func spliced(_ offset: Int, _ count: Int) throws -> [UInt8]? {
+                try fs.withFilePieces(handle: h, offset: UInt64(offset), count: count) { pieces -> [UInt8] in
+                    var out: [UInt8] = []
+                    for piece in pieces {
+                        switch piece {
+                        case .zeros(let n): out += [UInt8](repeating: 0, count: n)
+                        case .file(let fd, let at, let n):
+                            var bytes = [UInt8](repeating: 0, count: n)
+                            XCTAssertEqual(bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, n, off_t(at)) }, n)
+                            out += bytes
+                        }
+                    }
+                    return out
+                }
+            }
+            for (offset, count) in [(0, 4096), (chunk - 100, 300), (chunk - 10, chunk + 20), (2 * chunk + 4000, 4096),
+                                    (0, 3 * chunk), (12345, 2 * chunk)] {
+                let want = Array(data[offset..<min(data.count, offset + count)])
+                XCTAssertEqual(try spliced(offset, count), want, "\(count) bytes at \(offset)")
+                XCTAssertEqual(try fs.get(h, at: UInt64(offset), count: count), want)
+            }
+            XCTAssertNil(try spliced(data.count, 10), "nothing past the end: the copying read answers")
+
+            // Unpublished bytes in the chunk (another handle writing): read through the copy.
+            let w2 = try fs.open(attrs.ino, flags: O_RDWR)
+            try fs.put(w2, b("new"), at: 10)
+            XCTAssertNil(try spliced(0, 100), "the working copy holds part of it")
+            XCTAssertNotNil(try spliced(2 * chunk, 100), "a chunk it does not touch still comes from the blob")
+            assertBytes(try fs.get(h, at: 8, count: 7), Array(data[8..<10]) + b("new") + Array(data[13..<15]))
+            try fs.release(handle: w2)
+            try fs.release(handle: h)
+            h = try fs.open(attrs.ino, flags: O_RDONLY)
+            XCTAssertEqual(try spliced(8, 7), Array(data[8..<10]) + b("new") + Array(data[13..<15]), "published")
+        }
+    }
+
     // MARK: versions
 
     func testPublishOnReleaseCreatesAVersionAndKeepsThePrevious() throws {
