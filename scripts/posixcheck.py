@@ -212,6 +212,10 @@ def main(d):
     check("a 2666 file after a member of its group wrote it", mode_of("sgid2"))
     check("nobody, of the file's group as its own, writes a 2666 file", as_nobody(lambda: write(p("sgid2"), b"z", 0o2666), gid=4242))
     check("a 2666 file after its own group wrote it", mode_of("sgid2"))
+    check("nobody creates a 4755 file with O_TRUNC", as_nobody(lambda: os.close(
+        os.open(p("sticky", "nobody-suid"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o4755))))
+    if os.path.exists(p("sticky", "nobody-suid")):
+        check("nobody's new 4755 file", "%o" % stat.S_IMODE(os.stat(p("sticky", "nobody-suid")).st_mode))
     setid_file("suid6", 0o6777)
     write(p("suid6"), b"by root", 0o6777)
     check("a 6777 file after root wrote it", mode_of("suid6"))

@@ -21,13 +21,15 @@ static inline int ubiquityfs_openat2(int dirfd, const char *path, unsigned long 
     how.resolve = resolve;
     return (int)syscall(SYS_openat2, dirfd, path, &how, sizeof how);
 }
-// Device I/O goes through the two functions below (fuse_session_custom_io) for what libfuse
-// 3.14 does not pass on. The kernel offers FUSE_HANDLE_KILLPRIV_V2 in INIT: with it the file
-// system drops set-user-ID and set-group-ID itself, and the kernel stops asking for
+
+// Device I/O goes through the hooks below (fuse_session_custom_io) for what libfuse 3.14 does
+// not pass on. The kernel offers FUSE_HANDLE_KILLPRIV_V2 in INIT: with it the file system
+// drops set-user-ID and set-group-ID itself, and the kernel stops asking for
 // security.capability before every write (a round trip per write). libfuse 3.14 neither takes
-// that offer nor hands the file system the flags that say when to drop the bits (on WRITE,
-// OPEN, CREATE and a truncating SETATTR): the read hook moves them into fields libfuse does
-// pass on, where the bridge takes them out again. Layouts are the kernel's FUSE ABI
+// that offer nor hands the file system the flags that say when to drop the bits (on WRITE, an
+// O_TRUNC OPEN, a SETATTR that truncates or changes the owner): the read hook moves them into
+// fields libfuse does pass on, where the bridge takes them out again. (CREATE's flag is left:
+// a create makes a new file, whose bits stay, as on ext4.) Layouts are the kernel's FUSE ABI
 // (linux/fuse.h), whose structures only ever grow at the end.
 #include <fcntl.h>
 #include <stdint.h>
@@ -38,14 +40,13 @@ static inline int ubiquityfs_openat2(int dirfd, const char *path, unsigned long 
 #define UBIQUITYFS_OP_OPEN 14
 #define UBIQUITYFS_OP_WRITE 16
 #define UBIQUITYFS_OP_INIT 26
-#define UBIQUITYFS_OP_CREATE 35
 #define UBIQUITYFS_IN_HEADER 40
 #define UBIQUITYFS_KILLPRIV_V2 (1u << 28)
 #define UBIQUITYFS_WRITE_KILL_SUIDGID (1u << 2)
 #define UBIQUITYFS_OPEN_KILL_SUIDGID (1u << 0)
 #define UBIQUITYFS_FATTR_MODE (1u << 0)
 #define UBIQUITYFS_FATTR_KILL_SUIDGID (1u << 11)
-/// In a request's open flags (`fuse_file_info.flags` of open, create and write): the kernel
+/// In a request's open flags (`fuse_file_info.flags` of open and write): the kernel
 /// asked to drop set-user-ID and set-group-ID. No open(2) flag uses this bit.
 #define UBIQUITYFS_FLAG_KILL_SUIDGID 0x40000000u
 /// In a SETATTR's mode when it sets no mode (`st_mode` without FUSE_SET_ATTR_MODE): the same.
@@ -76,8 +77,10 @@ static ssize_t ubiquityfs_io_read(int fd, void *buf, size_t len, void *userdata)
     switch (ubiquityfs_load32(b + 4)) {
     case UBIQUITYFS_OP_INIT:   // fuse_init_in: flags at 12
         if (size >= 16) {
-            memcpy(&ubiquityfs_init()->unique, b + 8, 8);
-            ubiquityfs_init()->offered = ubiquityfs_load32(arg + 12);
+            uint64_t unique;
+            memcpy(&unique, b + 8, 8);
+            __atomic_store_n(&ubiquityfs_init()->offered, ubiquityfs_load32(arg + 12), __ATOMIC_RELAXED);
+            __atomic_store_n(&ubiquityfs_init()->unique, unique, __ATOMIC_RELEASE);
         }
         break;
     case UBIQUITYFS_OP_WRITE:  // fuse_write_in: write_flags at 20, flags at 32
@@ -85,9 +88,6 @@ static ssize_t ubiquityfs_io_read(int fd, void *buf, size_t len, void *userdata)
         break;
     case UBIQUITYFS_OP_OPEN:   // fuse_open_in: flags at 0, open_flags at 4
         if (size >= 8) ubiquityfs_move_flag(arg, 4, UBIQUITYFS_OPEN_KILL_SUIDGID, 0, UBIQUITYFS_FLAG_KILL_SUIDGID);
-        break;
-    case UBIQUITYFS_OP_CREATE: // fuse_create_in: flags at 0, open_flags at 12
-        if (size >= 16) ubiquityfs_move_flag(arg, 12, UBIQUITYFS_OPEN_KILL_SUIDGID, 0, UBIQUITYFS_FLAG_KILL_SUIDGID);
         break;
     case UBIQUITYFS_OP_SETATTR: // fuse_setattr_in: valid at 0, mode at 68
         if (size >= 88 && !(ubiquityfs_load32(arg) & UBIQUITYFS_FATTR_MODE))
@@ -100,17 +100,20 @@ static ssize_t ubiquityfs_io_read(int fd, void *buf, size_t len, void *userdata)
 static ssize_t ubiquityfs_io_writev(int fd, struct iovec *iov, int count, void *userdata) {
     (void)userdata;
     // The reply to INIT (fuse_init_out: flags at 12) takes the kernel's offer of KILLPRIV_V2.
+    // (Other threads may send notifications meanwhile: the state is read atomically.)
     struct ubiquityfs_init_state *init = ubiquityfs_init();
-    if (init->unique != 0 && count >= 2 && iov[0].iov_len >= 16 && iov[1].iov_len >= 16) {
+    uint64_t awaited = __atomic_load_n(&init->unique, __ATOMIC_ACQUIRE);
+    if (awaited != 0 && count >= 2 && iov[0].iov_len >= 16 && iov[1].iov_len >= 16) {
         const char *h = (const char *)iov[0].iov_base;
         uint64_t unique;
         int32_t error;
         memcpy(&unique, h + 8, 8);
         memcpy(&error, h + 4, 4);
-        if (unique == init->unique && error == 0) {
+        if (unique == awaited && error == 0) {
             char *out = (char *)iov[1].iov_base;
-            ubiquityfs_store32(out + 12, ubiquityfs_load32(out + 12) | (init->offered & UBIQUITYFS_KILLPRIV_V2));
-            init->unique = 0;
+            uint32_t offered = __atomic_load_n(&init->offered, __ATOMIC_RELAXED);
+            ubiquityfs_store32(out + 12, ubiquityfs_load32(out + 12) | (offered & UBIQUITYFS_KILLPRIV_V2));
+            __atomic_store_n(&init->unique, 0, __ATOMIC_RELEASE);
         }
     }
     return writev(fd, iov, count);
@@ -127,7 +130,7 @@ static ssize_t ubiquityfs_io_splice_send(int fdin, off_t *offin, int fdout, off_
 /// Whether a pipe can be grown to `bytes` (F_SETPIPE_SZ, which Swift does not see).
 static inline int ubiquityfs_pipe_can_hold(int bytes) {
     int fds[2];
-    if (pipe(fds) != 0) return 0;
+    if (syscall(SYS_pipe2, fds, O_CLOEXEC) != 0) return 0;
     int ok = fcntl(fds[0], 1031 /* F_SETPIPE_SZ */, bytes) >= bytes;
     close(fds[0]);
     close(fds[1]);

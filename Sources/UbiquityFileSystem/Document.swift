@@ -151,13 +151,13 @@ final class Document: @unchecked Sendable {
         }
     }
 
-    /// `count` bytes at `offset` as pieces of the base's blob files and runs of zeros, when the
-    /// working copy holds none of them and every blob is a whole file on this machine: `body`
-    /// gets them with the files open and the content held still (a reply spliced from the
-    /// files). nil where the bytes must be read (and merged) by `read`.
-    func withFilePieces<R>(at offset: UInt64, count: Int, files: any BlobFiles,
-                           _ body: ([FilePiece]) -> R) throws -> R? {
-        try lock.read { () throws -> R? in
+    /// `count` bytes at `offset` as pieces of the base's blob files and runs of zeros, with the
+    /// files open, when the working copy holds none of them and every blob is a whole file on
+    /// this machine (a reply spliced from the files, after the lock is let go: blobs never
+    /// change). nil where the bytes must be read (and merged) by `read`, which also reports a
+    /// blob that cannot be opened or is short.
+    func filePieces(at offset: UInt64, count: Int, files: any BlobFiles) -> (pieces: [FilePiece], files: [BlobFile])? {
+        lock.read { () -> (pieces: [FilePiece], files: [BlobFile])? in
             guard offset < size, count > 0 else { return nil }
             let total = Int(min(UInt64(count), size - offset))
             var pieces: [FilePiece] = []
@@ -172,9 +172,7 @@ final class Document: @unchecked Sendable {
                 var got = 0
                 if index < base.count, !base[index].isHole, within < Int(base[index].length) {
                     let chunk = base[index]
-                    let file = try files.file(chunk.blob)
-                    // A blob shorter than its chunk (damaged) is for `read` to report.
-                    guard file.size >= Int(chunk.length) else { return nil }
+                    guard let file = try? files.file(chunk.blob), file.size >= Int(chunk.length) else { return nil }
                     got = min(n, Int(chunk.length) - within)
                     pieces.append(.file(fd: file.fd, offset: within, length: got))
                     open.append(file)
@@ -182,7 +180,7 @@ final class Document: @unchecked Sendable {
                 if got < n { pieces.append(.zeros(n - got)) }
                 done += n
             }
-            return withExtendedLifetime(open) { body(pieces) }
+            return (pieces, open)
         }
     }
 

@@ -950,32 +950,36 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         return mode
     }
 
-    /// What a write or a truncation by a caller without CAP_FSETID does to a regular file's
-    /// set-ID bits: the kernel leaves it to the file system, and says when. `inGroup` answers
-    /// whether the caller belongs to a group (asked only for set-group-ID without group-exec on
-    /// a file of a group other than the caller's own). Nothing is committed for a file without
-    /// the bits, the usual case.
+    /// What a write, a truncation or a chown does to a regular file's set-ID bits when the
+    /// kernel leaves that to the file system (and says when). `inGroup` answers whether the
+    /// caller belongs to a group: asked only for set-group-ID without group-exec on a file of a
+    /// group other than the caller's own, and outside the model's locks. Nothing is committed
+    /// for a file without the bits, the usual case.
     public func dropSetID(_ ino: UInt64, caller: Caller, inGroup: (UInt32) -> Bool) throws(FSError) {
         guard trashNode(ino) == nil else { return }
-        var member: [UInt32: Bool] = [:]
-        func dropped(_ n: NodeRecord) -> UInt32 {
+        /// The group whose membership decides set-group-ID, if it is asked.
+        func asks(_ n: NodeRecord) -> UInt32? {
+            n.mode & UInt32(S_ISGID) != 0 && n.mode & 0o010 == 0 && caller.uid != 0 && caller.gid != n.gid ? n.gid : nil
+        }
+        func dropped(_ n: NodeRecord, member: [UInt32: Bool]) -> UInt32 {
             guard n.kind == .regular, n.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return n.mode }
-            var keepsGroup = true
-            if n.mode & UInt32(S_ISGID) != 0 && n.mode & 0o010 == 0 && caller.uid != 0 && caller.gid != n.gid {
-                if member[n.gid] == nil { member[n.gid] = inGroup(n.gid) }
-                keepsGroup = member[n.gid]!
-            }
+            // A group changed meanwhile, not asked about: the bit goes (the safe side).
+            let keepsGroup = asks(n).map { member[$0] ?? false } ?? true
             return Self.droppingSetID(n.mode, keepsGroup: keepsGroup)
         }
-        let has = ns.read { () -> Bool in
-            guard case .node(let n)? = try? changeableTarget(ino) else { return false }
-            return dropped(n) != n.mode
+        let node = ns.read { () -> NodeRecord? in
+            guard case .node(let n)? = try? changeableTarget(ino), n.kind == .regular,
+                  n.mode & UInt32(S_ISUID | S_ISGID) != 0 else { return nil }
+            return n
         }
-        guard has else { return }
+        guard let node else { return }
+        var member: [UInt32: Bool] = [:]
+        if let gid = asks(node) { member[gid] = inGroup(gid) }
+        guard dropped(node, member: member) != node.mode else { return }
         try typed {
             try mutate { s in
                 guard case .node(var n) = try changeableTarget(ino) else { return }
-                let mode = dropped(n)
+                let mode = dropped(n, member: member)
                 guard mode != n.mode else { return }
                 let now = nowNanoseconds()
                 n.mode = mode

@@ -142,18 +142,14 @@ extension UbiquityFileSystem {
     /// A read as pieces of blob files and zeros, for a reply the kernel splices from the files
     /// (no copy through the daemon), where every byte is the file's published content in blob
     /// files on this machine; nil where `read(handle:offset:into:)` must copy it (a working copy
-    /// holds some, the content lives elsewhere, a computed file). `body` runs with the files
-    /// open and the content held still.
-    public func withFilePieces<R>(handle: UInt64, offset: UInt64, count: Int,
-                                  _ body: ([FilePiece]) -> R) throws(FSError) -> R? {
+    /// holds some, the content lives elsewhere, a computed file, a blob that cannot be read as
+    /// a whole file). The reply keeps the files open while it lives.
+    public func filePieces(handle: UInt64, offset: UInt64, count: Int) throws(FSError) -> FileReply? {
         guard store.localChunks == nil, let files = store.blobs as? any BlobFiles else { return nil }
         return try typed {
             if trashHandleNode(handle) != nil { return nil }
             let doc = try fileDocument(handle).0
-            do { return try doc.withFilePieces(at: offset, count: count, files: files, body) } catch {
-                log("read of \(displayPath(of: doc.ino) ?? "inode \(doc.ino)") failed: \(error)")
-                throw FSError(error)
-            }
+            return doc.filePieces(at: offset, count: count, files: files).map { FileReply(pieces: $0.pieces, files: $0.files) }
         }
     }
 

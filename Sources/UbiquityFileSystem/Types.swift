@@ -215,3 +215,9 @@ public enum FilePiece: Sendable, Equatable {
     case file(fd: Int32, offset: Int, length: Int)
     case zeros(Int)
 }
+
+/// A read's reply as pieces of files, which stay open while it lives.
+public struct FileReply: Sendable {
+    public let pieces: [FilePiece]
+    let files: [BlobFile]
+}

@@ -122,7 +122,8 @@ struct Request: ~Copyable {
     }
 
     /// Drops the file's set-ID bits as the kernel asked (a write or truncation by a caller
-    /// without CAP_FSETID); the caller's supplementary groups are read only if they matter.
+    /// without CAP_FSETID, a chown); the caller's supplementary groups are read only if they
+    /// matter, and never under the model's locks (they come from /proc).
     func dropSetID(_ ino: UInt64) throws(FSError) {
         let req = self.req
         try fs.dropSetID(ino, caller: caller) { gid in
@@ -356,8 +357,8 @@ final class PendingRequest: @unchecked Sendable {
 
 private func fileHandle(_ fi: UnsafeMutablePointer<fuse_file_info>?) -> UInt64 { fi?.pointee.fh ?? 0 }
 
-/// Whether a pipe can be grown to hold a 1 MiB read's reply (libfuse splices only through one
-/// that does; past /proc/sys/fs/pipe-max-size that takes CAP_SYS_RESOURCE).
+/// Whether a pipe can be grown to 1 MiB, enough for a 1000 KiB read's reply (libfuse splices
+/// only through a pipe that holds the whole reply).
 private func pipesCanHoldAReply() -> Bool { ubiquityfs_pipe_can_hold(1 << 20) != 0 }
 
 /// Zeros for the holes of a spliced reply: a read-only anonymous mapping, which takes no memory
@@ -378,9 +379,9 @@ private func replyPieces(_ req: fuse_req_t?, _ pieces: [FilePiece]) -> Bool {
                                                alignment: MemoryLayout<fuse_bufvec>.alignment)
     defer { raw.deallocate() }
     raw.initializeMemory(as: UInt8.self, repeating: 0, count: max(bytes, MemoryLayout<fuse_bufvec>.size))
-    let vec = raw.assumingMemoryBound(to: fuse_bufvec.self)
+    let vec = raw.bindMemory(to: fuse_bufvec.self, capacity: 1)
     vec.pointee.count = pieces.count
-    let bufs = (raw + bufOffset).assumingMemoryBound(to: fuse_buf.self)
+    let bufs = (raw + bufOffset).bindMemory(to: fuse_buf.self, capacity: count)
     for (i, piece) in pieces.enumerated() {
         switch piece {
         case .file(let fd, let offset, let length):
@@ -438,9 +439,10 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard let conn else { return }
         // A read of published content is spliced from the blob files into the reply: the
         // kernel copies once, where a pread into a buffer and a write of it copy twice. libfuse
-        // splices only through a pipe that holds the whole reply (1 MiB and its header), which
-        // only a daemon allowed past pipe-max-size gets; any other would copy through a buffer
-        // it allocates per read, slower than the daemon's own.
+        // splices only through a pipe that holds the whole reply, and without CAP_SYS_RESOURCE a
+        // pipe holds 1 MiB (pipe-max-size): requests are held to 1000 KiB, so that a reply and
+        // libfuse's margin fit. Where even that pipe cannot be had, libfuse would copy through a
+        // buffer it allocates per read, slower than the daemon's own: the daemon copies.
         if let userdata {
             let bridge = Unmanaged<Bridge>.fromOpaque(userdata).takeUnretainedValue()
             if conn.pointee.capable & UInt32(FUSE_CAP_SPLICE_WRITE) != 0, pipesCanHoldAReply() {
@@ -529,7 +531,8 @@ func makeOperations() -> fuse_lowlevel_ops {
             r.attr("replayed setattr", ino) { () throws(FSError) in try fs.getattr(ino) }
             return
         }
-        // A truncation by a caller without CAP_FSETID (the shim's mark in the mode it does not set).
+        // A truncation by a caller without CAP_FSETID, or a chown of a non-folder (the shim's
+        // mark in the mode it does not set).
         if toSet & FUSE_SET_ATTR_MODE == 0 && UInt32(a.st_mode) & UBIQUITYFS_MODE_KILL_SUIDGID != 0 {
             do throws(FSError) { try r.dropSetID(ino) } catch { r.fail("setattr", ino, error); return }
         }
@@ -601,15 +604,12 @@ func makeOperations() -> fuse_lowlevel_ops {
         let r = Request(req), fs = r.fs
         if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
-        let drop = takeDropSetID(&fi.pointee.flags)
-        do throws(FSError) { fi.pointee.fh = try fs.open(ino, flags: fi.pointee.flags) } catch { r.fail("open", ino, error); return }
-        if drop {
-            do throws(FSError) { try r.dropSetID(ino) } catch {
-                try? fs.release(handle: fi.pointee.fh)
-                r.fail("open", ino, error)
-                return
-            }
+        // An O_TRUNC by a caller without CAP_FSETID: the bits go before the content, as on ext4
+        // (after it, a failure would leave the file emptied by an open that failed).
+        if takeDropSetID(&fi.pointee.flags) {
+            do throws(FSError) { try r.dropSetID(ino) } catch { r.fail("open", ino, error); return }
         }
+        do throws(FSError) { fi.pointee.fh = try fs.open(ino, flags: fi.pointee.flags) } catch { r.fail("open", ino, error); return }
         if fs.keepsKernelCache(ino, truncating: fi.pointee.flags & O_TRUNC != 0) { fi.pointee.keep_cache = 1 }
         r.opened(fi) { try? fs.release(handle: fi.pointee.fh) }
     }
@@ -618,38 +618,28 @@ func makeOperations() -> fuse_lowlevel_ops {
         let r = Request(req), fs = r.fs
         if r.replayPlan != nil { r.error(EAGAIN); return }   // a replay never makes this call
         guard let fi else { r.error(EINVAL); return }
-        let drop = takeDropSetID(&fi.pointee.flags)
-        var attrs: Attributes
+        let attrs: Attributes
         do throws(FSError) {
             let (a, handle) = try fs.create(parent: parent, name: name(cname), mode: UInt32(mode),
                                             flags: fi.pointee.flags, caller: r.caller)
             attrs = a
             fi.pointee.fh = handle
         } catch { r.fail("create", parent, error); return }
-        // An existing file opened with O_TRUNC (the name appeared after the kernel looked).
-        if drop && attrs.mode & 0o6000 != 0 {
-            do throws(FSError) {
-                try r.dropSetID(attrs.ino)
-                attrs = try fs.getattr(attrs.ino)
-            } catch {
-                try? fs.release(handle: fi.pointee.fh)
-                r.fail("create", parent, error)
-                return
-            }
-        }
         r.created(attrs, named: (parent, name(cname)), fi) { try? fs.release(handle: fi.pointee.fh) }
     }
 
     ops.read = { req, ino, size, off, fi in
         let r = Request(req)
         if r.bridge.splicesReads.load(ordering: .acquiring) {
-            let spliced: Bool?
-            do throws(FSError) {
-                spliced = try r.fs.withFilePieces(handle: fileHandle(fi), offset: UInt64(off), count: size) { pieces in
-                    replyPieces(req, pieces)
-                }
-            } catch { r.fail("read", ino, error); return }
-            if spliced != nil { r.answered(); return }
+            let reply: FileReply?
+            do throws(FSError) { reply = try r.fs.filePieces(handle: fileHandle(fi), offset: UInt64(off), count: size) }
+            catch { r.fail("read", ino, error); return }
+            if let reply {
+                // No lock is held: blobs never change, and `reply` keeps their files open.
+                withExtendedLifetime(reply) { _ = replyPieces(req, reply.pieces) }
+                r.answered()
+                return
+            }
         }
         let buffer = ReadBuffers.shared.take(size)
         defer { ReadBuffers.shared.give(buffer) }

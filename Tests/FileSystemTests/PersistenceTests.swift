@@ -157,9 +157,10 @@ final class PersistenceTests: XCTestCase {
             var h = try fs.open(attrs.ino, flags: O_RDONLY)
             defer { try? fs.release(handle: h) }
             func spliced(_ offset: Int, _ count: Int) throws -> [UInt8]? {
-                try fs.withFilePieces(handle: h, offset: UInt64(offset), count: count) { pieces -> [UInt8] in
+                guard let reply = try fs.filePieces(handle: h, offset: UInt64(offset), count: count) else { return nil }
+                return withExtendedLifetime(reply) { () -> [UInt8] in
                     var out: [UInt8] = []
-                    for piece in pieces {
+                    for piece in reply.pieces {
                         switch piece {
                         case .zeros(let n): out += [UInt8](repeating: 0, count: n)
                         case .file(let fd, let at, let n):
