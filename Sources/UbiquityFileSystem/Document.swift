@@ -137,18 +137,30 @@ final class Document: @unchecked Sendable {
         try lock.read {
             guard offset < size, buffer.count > 0 else { return 0 }
             let total = Int(min(UInt64(buffer.count), size - offset))
-            var done = 0
-            while done < total {
-                let position = Int(offset) + done
-                let index = position / chunkSize
-                let within = position % chunkSize
-                let n = min(total - done, chunkSize - within)
+            try Self.eachChunk(at: offset, total: total) { index, within, done, n in
                 let piece = UnsafeMutableRawBufferPointer(rebasing: buffer[done..<(done + n)])
                 try readPiece(index: index, within: within, into: piece)
-                done += n
+                return true
             }
             return total
         }
+    }
+
+    /// Walks the chunks that `total` bytes at `offset` cover, in order: the chunk's index, where
+    /// the bytes start in it and in the whole read, and how many there are in it. Stops when
+    /// `body` returns false, and returns whether it went to the end.
+    @discardableResult
+    private static func eachChunk(at offset: UInt64, total: Int,
+                                  _ body: (_ index: Int, _ within: Int, _ done: Int, _ count: Int) throws -> Bool) rethrows -> Bool {
+        var done = 0
+        while done < total {
+            let position = Int(offset) + done
+            let within = position % chunkSize
+            let n = min(total - done, chunkSize - within)
+            guard try body(position / chunkSize, within, done, n) else { return false }
+            done += n
+        }
+        return true
     }
 
     /// `count` bytes at `offset` as pieces of the base's blob files and runs of zeros, with the
@@ -162,25 +174,20 @@ final class Document: @unchecked Sendable {
             let total = Int(min(UInt64(count), size - offset))
             var pieces: [FilePiece] = []
             var open: [BlobFile] = []
-            var done = 0
-            while done < total {
-                let position = Int(offset) + done
-                let index = position / chunkSize
-                let within = position % chunkSize
-                let n = min(total - done, chunkSize - within)
-                guard partial[index] == nil, !dirty.contains(index) || work == nil else { return nil }
+            let whole = Self.eachChunk(at: offset, total: total) { index, within, _, n in
+                guard partial[index] == nil, !dirty.contains(index) || work == nil else { return false }
                 var got = 0
                 if index < base.count, !base[index].isHole, within < Int(base[index].length) {
                     let chunk = base[index]
-                    guard let file = try? files.file(chunk.blob), file.size >= Int(chunk.length) else { return nil }
+                    guard let file = try? files.file(chunk.blob), file.size >= Int(chunk.length) else { return false }
                     got = min(n, Int(chunk.length) - within)
                     pieces.append(.file(fd: file.fd, offset: within, length: got))
                     open.append(file)
                 }
                 if got < n { pieces.append(.zeros(n - got)) }
-                done += n
+                return true
             }
-            return (pieces, open)
+            return whole ? (pieces, open) : nil
         }
     }
 
