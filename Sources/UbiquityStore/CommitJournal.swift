@@ -113,10 +113,8 @@ final class CommitJournal: @unchecked Sendable {
     /// `own`'s only when `includeOwn`. Empty journals of dead daemons, and files a daemon died
     /// before naming, are removed on the way.
     static func pending(in folder: String, own: CommitJournal?, includeOwn: Bool) -> [Found] {
-        let names = names(in: folder)
-        guard !names.isEmpty else { return [] }
         var found: [Found] = []
-        for name in names {
+        for name in names(in: folder) {
             let path = folder + "/" + name
             let isOwn = path == own?.path
             if isOwn && !includeOwn { continue }

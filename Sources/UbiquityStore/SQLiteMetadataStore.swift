@@ -762,11 +762,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             let (maxIno, maxVersion) = try highWaterMarks()
             g = Group(maxIno: maxIno, maxVersion: maxVersion, storedMaxIno: maxIno, storedMaxVersion: maxVersion,
                       replaysOwn: unsettled)
+            g.lastSeq = try lastSeq()
             if let journal {
                 g.journals = CommitJournal.pending(in: journal.folder, own: journal, includeOwn: unsettled)
                 if !g.journals.isEmpty { try replayLocked(into: &g) }
             }
-            g.lastSeq = try lastSeq()
             return g
         } catch {
             for found in g.journals { found.finish(committed: false) }
@@ -778,7 +778,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// Applies the journals' records past the store's last position in order of position,
     /// whichever journal holds each, up to the first that is missing or no longer fits.
     private func replayLocked(into g: inout Group) throws(StoreError) {
-        var last = try lastSeq()
+        var last = g.lastSeq
         var waiting: [ChangeSeq: Batch] = [:]
         for found in g.journals {
             for (seq, batch) in found.records where seq > last && waiting[seq] == nil { waiting[seq] = batch }
