@@ -630,7 +630,10 @@ final class Document: @unchecked Sendable {
             lock.unlock()
             throw error
         }
-        let written = Set(chunks.map(\.blob)).subtracting(base.map(\.blob)).subtracting([0])
+        // Only a position whose blob changed can hold a new one: no set of a big file's whole list.
+        var written = Set<BlobID>()
+        for (i, c) in chunks.enumerated() where !c.isHole && (i >= base.count || base[i].blob != c.blob) { written.insert(c.blob) }
+        if !written.isEmpty { written.subtract(base.lazy.map(\.blob)) }
         return Publication(doc: self, chunks: chunks, size: st.size, mtime: st.mtime, ctime: st.ctime, written: written,
                            synced: syncedMark)
     }

@@ -35,6 +35,7 @@ package enum BatchCoding {
             }
         }
         if let encoded, encoded.first == format {
+            w.out.reserveCapacity(w.out.count + encoded.count)
             w.out.append(contentsOf: encoded[1...])
         } else {
             w.mutations(batch.mutations)
@@ -94,6 +95,11 @@ package enum BatchCoding {
         }
 
         mutating func mutations(_ mutations: [Mutation]) {
+            // Sized once: a version's chunk list would otherwise grow the buffer several times.
+            out.reserveCapacity(out.count + mutations.reduce(16) { total, m in
+                if case .putVersion(let v) = m { return total + 96 + v.chunks.count * ChunkPacking.entrySize }
+                return total + 96
+            })
             varint(UInt64(mutations.count))
             for m in mutations {
                 switch m {
@@ -114,7 +120,7 @@ package enum BatchCoding {
                     i64(v.id); u64(v.ino); i64(v.created); u64(v.size)
                     string(v.origin.rawValue); string(v.device)
                     varint(UInt64(v.chunks.count))
-                    for c in v.chunks { u64(c.blob); u32(c.length); u64(c.checksum) }
+                    ChunkPacking.append(v.chunks, to: &out)
                     if let from = v.movedFrom { u64(from) }
                 case .putContainer(let c):
                     byte(8)
@@ -227,12 +233,10 @@ package enum BatchCoding {
                 guard let id = i64(), let ino = u64(), let created = i64(), let size = u64(),
                       let rawOrigin = string(), let origin = VersionOrigin(rawValue: rawOrigin), let device = string(),
                       let count = varint(), count <= UInt64(bytes.count - at) / 20 else { return nil }
-                var chunks: [ChunkRef] = []
-                chunks.reserveCapacity(Int(count))
-                for _ in 0..<count {
-                    guard let blob = u64(), let length = u32(), let checksum = u64() else { return nil }
-                    chunks.append(ChunkRef(blob: blob, length: length, checksum: checksum))
-                }
+                // The same layout as a version row's packed list.
+                let end = at + Int(count) * ChunkPacking.entrySize
+                guard let chunks = bytes[at..<end].withUnsafeBytes({ ChunkPacking.unpack($0) }) else { return nil }
+                at = end
                 var movedFrom: InodeNumber?
                 if tag == 13 {
                     guard let from = u64() else { return nil }

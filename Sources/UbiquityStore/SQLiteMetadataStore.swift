@@ -118,28 +118,39 @@ package enum ChunkPacking {
 
     package static func pack(_ chunks: [ChunkRef]) -> [UInt8] {
         var out = [UInt8]()
-        out.reserveCapacity(chunks.count * entrySize)
-        for c in chunks {
-            withUnsafeBytes(of: c.blob.littleEndian) { out.append(contentsOf: $0) }
-            withUnsafeBytes(of: c.length.littleEndian) { out.append(contentsOf: $0) }
-            withUnsafeBytes(of: c.checksum.littleEndian) { out.append(contentsOf: $0) }
-        }
+        append(chunks, to: &out)
         return out
+    }
+
+    /// `pack`'s bytes added to `out`: one resize and plain stores, not an append per field (a
+    /// 1 GiB file's list is 1,024 entries, written at every publish).
+    package static func append(_ chunks: [ChunkRef], to out: inout [UInt8]) {
+        let start = out.count
+        out.append(contentsOf: repeatElement(0, count: chunks.count * entrySize))
+        out.withUnsafeMutableBytes { raw in
+            var i = start
+            for c in chunks {
+                raw.storeBytes(of: c.blob.littleEndian, toByteOffset: i, as: UInt64.self)
+                raw.storeBytes(of: c.length.littleEndian, toByteOffset: i + 8, as: UInt32.self)
+                raw.storeBytes(of: c.checksum.littleEndian, toByteOffset: i + 12, as: UInt64.self)
+                i += entrySize
+            }
+        }
     }
 
     package static func unpack(_ bytes: UnsafeRawBufferPointer) -> [ChunkRef]? {
         guard bytes.count % entrySize == 0 else { return nil }
-        var chunks = [ChunkRef]()
-        chunks.reserveCapacity(bytes.count / entrySize)
-        var i = 0
-        while i < bytes.count {
-            let blob = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self))
-            let length = UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 8, as: UInt32.self))
-            let sum = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 12, as: UInt64.self))
-            chunks.append(ChunkRef(blob: blob, length: length, checksum: sum))
-            i += entrySize
+        let count = bytes.count / entrySize
+        return [ChunkRef](unsafeUninitializedCapacity: count) { out, initialized in
+            for k in 0..<count {
+                let i = k * entrySize
+                let blob = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt64.self))
+                let length = UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 8, as: UInt32.self))
+                let sum = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 12, as: UInt64.self))
+                (out.baseAddress! + k).initialize(to: ChunkRef(blob: blob, length: length, checksum: sum))
+            }
+            initialized = count
         }
-        return chunks
     }
 }
 

@@ -340,9 +340,18 @@ final class EmbeddedStoreTests: XCTestCase {
         let bytes = BatchCoding.encode(all)
         XCTAssertEqual(BatchCoding.decode(bytes), all)
         XCTAssertEqual(BatchCoding.decode(BatchCoding.encode([])), [])
-        for cut in [0, 1, 2, bytes.count / 2, bytes.count - 1] {
+        for cut in 0..<bytes.count {
             XCTAssertNil(BatchCoding.decode(Array(bytes.prefix(cut))), "cut at \(cut)")
         }
+        // A chunk list is written as a version row packs it, and read back from that layout.
+        let v = Sample.version(9, ino: 2)
+        let packed = ChunkPacking.pack(v.chunks)
+        XCTAssertEqual(packed.count, 3 * 20)
+        XCTAssertEqual(Array(packed.prefix(12)), [0xef, 0xcd, 0xab, 0x89, 0x67, 0x45, 0x23, 0x01, 0, 0, 0x10, 0],
+                       "blob, then length, little endian")
+        XCTAssertEqual(packed.withUnsafeBytes { ChunkPacking.unpack($0) }, v.chunks)
+        XCTAssertNil(packed.dropLast().withUnsafeBytes { ChunkPacking.unpack($0) })
+        XCTAssertNotNil(BatchCoding.encode([.putVersion(v)]).firstRange(of: packed))
         XCTAssertNil(BatchCoding.decode(bytes + [0]), "trailing bytes")
         var wrongFormat = bytes
         wrongFormat[0] = 9
