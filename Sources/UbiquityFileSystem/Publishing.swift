@@ -98,7 +98,7 @@ extension UbiquityFileSystem {
         let keep = max(Self.storedRetention(in: state.meta).maxPerFile, 2)
         let count: Int
         if let known = versionCounts[ino] { count = known + 1 } else {
-            do { count = try store.metadata.versions(of: ino).count + 1 } catch {
+            do { count = try store.metadata.versionCount(of: ino) + 1 } catch {
                 // Servers out of reach (the publish is queued): old versions are pruned at a
                 // later publish, or by the hourly pass.
                 if error.kind == .unavailable { return }

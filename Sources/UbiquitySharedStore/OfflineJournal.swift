@@ -554,6 +554,11 @@ final class JournalingMetadataStore: MetadataStore, OfflineQueue, @unchecked Sen
         return try inner.versions(of: ino)
     }
 
+    public func versionCount(of ino: InodeNumber) throws(StoreError) -> Int {
+        try unlessQueued()
+        return try inner.versionCount(of: ino)
+    }
+
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         if mutex.withLock({ offlineView }) {
             // A current version (a recovered working copy's base, say) is in the copy of the namespace.

@@ -481,6 +481,13 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    public func versionCount(of ino: InodeNumber) throws(StoreError) -> Int {
+        try mutex.withLock { () throws(StoreError) -> Int in
+            let r = try connection.query("SELECT count(*) FROM ubiquityfs.versions WHERE ino = $1", [.int(Int64(bitPattern: ino))])
+            return Int(r.int(0, 0))
+        }
+    }
+
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try mutex.withLock { () throws(StoreError) -> VersionRecord? in
             try versions(connection.query("SELECT \(Self.versionColumns) FROM ubiquityfs.versions WHERE id = $1", [.int(id)])).first

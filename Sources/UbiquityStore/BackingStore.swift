@@ -436,6 +436,9 @@ public protocol MetadataStore: AnyObject, Sendable {
     func reserveVersions(_ count: Int) throws(StoreError) -> ClosedRange<VersionID>
     /// All versions of a node, oldest first.
     func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord]
+    /// How many versions a node has, without reading their chunk lists (retention counts a
+    /// file's versions at its first publish after a start: a big file's history is megabytes).
+    func versionCount(of ino: InodeNumber) throws(StoreError) -> Int
     func version(_ id: VersionID) throws(StoreError) -> VersionRecord?
     /// Every version of that origin, by id (`ubiquityfs status`: recovered versions).
     func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord]
@@ -455,6 +458,7 @@ public protocol MetadataStore: AnyObject, Sendable {
 }
 
 public extension MetadataStore {
+    func versionCount(of ino: InodeNumber) throws(StoreError) -> Int { try versions(of: ino).count }
     func changes(since seq: ChangeSeq, notBy writer: String) throws(StoreError) -> [ChangeRecord] {
         try changes(since: seq).filter { $0.writer != writer }
     }

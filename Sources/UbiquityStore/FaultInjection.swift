@@ -267,6 +267,11 @@ public final class FaultInjectingMetadataStore: MetadataStore, Sendable {
         return try wrapped.versions(of: ino)
     }
 
+    public func versionCount(of ino: InodeNumber) throws(StoreError) -> Int {
+        try plan.check(.versions)
+        return try wrapped.versionCount(of: ino)
+    }
+
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         try plan.check(.versions)
         return try wrapped.allVersions()

@@ -206,6 +206,10 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         mutex.withLock { state.versions.values.filter { $0.ino == ino }.sorted { $0.id < $1.id } }
     }
 
+    public func versionCount(of ino: InodeNumber) throws(StoreError) -> Int {
+        mutex.withLock { state.versions.values.count { $0.ino == ino } }
+    }
+
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         mutex.withLock { state.versions.values.sorted { $0.id < $1.id } }
     }

@@ -1222,6 +1222,16 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    public func versionCount(of ino: InodeNumber) throws(StoreError) -> Int {
+        try reading { () throws(StoreError) -> Int in
+            var count = 0
+            try run("SELECT count(*) FROM versions WHERE ino = ?1",
+                    bind: { b throws(StoreError) in try b.uint(1, ino) },
+                    row: { (r) throws(StoreError) in count = Int(r.int(0)) })
+            return count
+        }
+    }
+
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []

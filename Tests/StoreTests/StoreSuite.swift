@@ -286,6 +286,7 @@ enum StoreSuite {
         XCTAssertEqual(try m.versions(of: 1), [10, 20, 30, 31].map { Sample.version($0, ino: 1) })
         XCTAssertEqual(try m.versions(of: 2).map(\.id), [4])
         XCTAssertEqual(try m.versions(of: 3), [])
+        XCTAssertEqual(try [1, 2, 3].map { try m.versionCount(of: $0) }, [4, 1, 0])
         XCTAssertEqual(try m.version(20), Sample.version(20, ino: 1))
         XCTAssertNil(try m.version(99))
         XCTAssertEqual(try m.allVersions().map(\.id), [4, 10, 20, 30, 31])
