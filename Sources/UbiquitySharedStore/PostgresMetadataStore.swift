@@ -80,12 +80,12 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         StoreError(.corrupt, "\(redacted(url)): \(what)")
     }
 
-    private func node(_ r: PGResult, _ i: Int) throws(StoreError) -> NodeRecord {
+    private func node(_ r: PGResult, _ i: Int, containers: TextInterner) throws(StoreError) -> NodeRecord {
         let ino = r.uint(i, 0)
         guard let raw = UInt8(exactly: r.int(i, 2)), let kind = NodeKind(rawValue: raw) else {
             throw corrupt("node \(ino) has unknown kind \(r.int(i, 2))")
         }
-        return NodeRecord(ino: ino, container: r.text(i, 1), kind: kind,
+        return NodeRecord(ino: ino, container: try r.withBytes(i, 1, containers.text), kind: kind,
                           mode: UInt32(truncatingIfNeeded: r.int(i, 3)), uid: UInt32(truncatingIfNeeded: r.int(i, 4)),
                           gid: UInt32(truncatingIfNeeded: r.int(i, 5)), nlink: UInt32(truncatingIfNeeded: r.int(i, 6)),
                           size: r.uint(i, 7), atime: r.int(i, 8), mtime: r.int(i, 9), ctime: r.int(i, 10),
@@ -128,8 +128,9 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             var s = StoreSnapshot()
             let nodes = try c.query("SELECT \(Self.nodeColumns), change_seq FROM ubiquityfs.nodes ORDER BY ino")
             s.nodes.reserveCapacity(nodes.count)
+            let containers = TextInterner()
             for i in 0..<nodes.count {
-                let n = try node(nodes, i)
+                let n = try node(nodes, i, containers: containers)
                 s.nodes.append(n)
                 s.nodeChanges[n.ino] = nodes.int(i, 15)
             }

@@ -437,12 +437,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private static let versionColumnsBefore3 = "id, ino, created, size, origin, device, chunks, NULL"
     private var versionColumns = SQLiteMetadataStore.versionColumnNames
 
-    private func decodeNode(_ r: Row) throws(StoreError) -> NodeRecord {
+    private func decodeNode(_ r: Row, containers: TextInterner) throws(StoreError) -> NodeRecord {
         let ino = r.uint(0)
         guard let raw = UInt8(exactly: r.int(2)), let kind = NodeKind(rawValue: raw) else {
             throw StoreError(errno: EIO, "\(path): node \(ino) has unknown kind \(r.int(2))")
         }
-        return NodeRecord(ino: ino, container: r.text(1), kind: kind,
+        return NodeRecord(ino: ino, container: r.withBlob(1, containers.text), kind: kind,
                           mode: UInt32(truncatingIfNeeded: r.int(3)),
                           uid: UInt32(truncatingIfNeeded: r.int(4)),
                           gid: UInt32(truncatingIfNeeded: r.int(5)),
@@ -478,8 +478,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         try run("BEGIN")
         do throws(StoreError) {
             var s = StoreSnapshot()
+            let containers = TextInterner()
             try run("SELECT \(Self.nodeColumns), change_seq FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
-                let n = try decodeNode(r)
+                let n = try decodeNode(r, containers: containers)
                 s.nodes.append(n)
                 s.nodeChanges[n.ino] = r.int(15)
             })

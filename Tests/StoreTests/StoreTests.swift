@@ -315,6 +315,27 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertFalse(FileManager.default.fileExists(atPath: fixture.directory + "/missing.sqlite3"))
     }
 
+    /// Nodes loaded from the store share one string per container: an identifier longer than a
+    /// string holds inline would otherwise be a heap allocation in every node.
+    func testLoadedNodesShareTheirContainersText() throws {
+        let m = try fixture.open().metadata
+        var nodes = (2...5).map { Sample.node($0) }
+        for i in nodes.indices { nodes[i].container = i == 2 ? "iCloud.com.example.Other" : "iCloud.com.example.SugoiApp" }
+        try m.commit(nodes.map { .putNode($0) }, durable: false)
+        let loaded = try m.load().nodes.filter { $0.ino >= 2 && $0.ino <= 5 }.sorted { $0.ino < $1.ino }
+        XCTAssertEqual(loaded, nodes)
+        func storage(_ s: String) -> UnsafeRawPointer? {
+            s.utf8.withContiguousStorageIfAvailable { UnsafeRawPointer($0.baseAddress) } ?? nil
+        }
+        XCTAssertNotNil(storage(loaded[0].container))
+        XCTAssertEqual(storage(loaded[0].container), storage(loaded[1].container))
+        XCTAssertEqual(storage(loaded[0].container), storage(loaded[3].container))
+        XCTAssertNotEqual(storage(loaded[0].container), storage(loaded[2].container))
+        let names = TextInterner()
+        XCTAssertEqual([UInt8]().withUnsafeBytes { names.text($0) }, "")
+        XCTAssertEqual(Array("é".utf8).withUnsafeBytes { names.text($0) }, "é")
+    }
+
     /// The change log's encoding: every kind of mutation comes back equal, and damaged bytes are
     /// refused, never misread.
     func testBatchCodingRoundTripsEveryMutation() {
