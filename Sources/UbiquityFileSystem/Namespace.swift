@@ -11,7 +11,7 @@
 import UbiquityStore
 
 final class Namespace: @unchecked Sendable {
-    var nodes: [InodeNumber: NodeRecord] = [:]
+    var nodes = NodeTable()
     var children: [InodeNumber: [[UInt8]: InodeNumber]] = [:]
     /// Parent of every folder (folders have exactly one name).
     var parent: [InodeNumber: InodeNumber] = [:]
@@ -239,7 +239,7 @@ extension Namespace {
     /// (a copy on write gives a table new storage). A native Dictionary is one pointer to it.
     var storageIdentity: [UInt] {
         func bits<K, V>(_ d: [K: V]) -> UInt { withUnsafeBytes(of: d) { $0.load(as: UInt.self) } }
-        return [bits(nodes), bits(children), bits(parent), bits(xattrs), bits(chunks), bits(nodeChanges)]
+        return nodes.storageIdentity + [bits(children), bits(parent), bits(xattrs), bits(chunks), bits(nodeChanges)]
     }
 
     /// What `batch` assumes of the store, read from this namespace (which it was staged over):

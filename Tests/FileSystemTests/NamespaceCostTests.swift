@@ -28,4 +28,31 @@ final class NamespaceCostTests: XCTestCase {
         XCTAssertEqual(fs.namespaceStorageIdentity, before, "a change copied the namespace")
         _ = folder
     }
+
+    /// The node table answers as a dictionary would, through puts, replacements and removals
+    /// (a removal moves the last record into the hole).
+    func testNodeTableAnswersAsADictionary() {
+        var table = NodeTable()
+        var model: [InodeNumber: NodeRecord] = [:]
+        var rng = SystemRandomNumberGenerator()
+        func node(_ ino: InodeNumber, _ size: UInt64) -> NodeRecord {
+            NodeRecord(ino: ino, container: "c", kind: .regular, mode: 0o644, uid: 0, gid: 0, nlink: 1, size: size,
+                       atime: 0, mtime: 0, ctime: 0, btime: 0)
+        }
+        for step in 0..<20_000 {
+            let ino = InodeNumber.random(in: 1...300, using: &rng)
+            switch Int.random(in: 0..<4, using: &rng) {
+            case 0, 1: table[ino] = node(ino, UInt64(step)); model[ino] = node(ino, UInt64(step))
+            case 2: table[ino] = nil; model[ino] = nil
+            default: table[ino]?.size += 1; model[ino]?.size += 1
+            }
+            XCTAssertEqual(table[ino], model[ino])
+        }
+        XCTAssertEqual(table.count, model.count)
+        XCTAssertEqual(Dictionary(uniqueKeysWithValues: table.map { ($0.key, $0.value) }), model)
+        XCTAssertEqual(Set(table.values.map(\.ino)), Set(model.keys))
+        for ino in model.keys { table[ino] = nil }
+        XCTAssertTrue(table.isEmpty)
+        XCTAssertNil(table[1])
+    }
 }
