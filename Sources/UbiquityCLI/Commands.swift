@@ -250,7 +250,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
     let fs: UbiquityFileSystem
     do {
         fs = try UbiquityFileSystem(store: store, containers: result.registrations.map(\.info), view: view,
-                                    snapshot: snapshot, retention: policy, log: log)
+                                    snapshot: consume snapshot, retention: policy, log: log)
     } catch {
         report("ubiquityfs mount: cannot open the filesystem: \(error)")
         return ExitCode.failure

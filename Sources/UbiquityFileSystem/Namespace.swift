@@ -50,8 +50,6 @@ final class Namespace: @unchecked Sendable {
     var maxVersion: VersionID = 0
     /// The change log position this namespace reflects: every batch up to it is applied.
     var seq: ChangeSeq = 0
-    /// The commit that last put each node, for the batch expectations (`Expectation.nodeAt`).
-    var nodeChanges: [InodeNumber: ChangeSeq] = [:]
     /// Chunk lists of the versions the batch being applied makes current (read by the applier).
     private var loadedChunks: [VersionID: [ChunkRef]] = [:]
 
@@ -61,7 +59,7 @@ final class Namespace: @unchecked Sendable {
         // Sized up front: growing a table of a million entries rehashes it some twenty times.
         nodes.reserveCapacity(snapshot.nodes.count)
         chunks.reserveCapacity(snapshot.currentVersions.count)
-        for n in snapshot.nodes { nodes[n.ino] = n }
+        for n in snapshot.nodes { nodes.put(n, change: snapshot.nodeChanges[n.ino] ?? 0) }
         for d in snapshot.dirents {
             children[d.parent, default: [:]][d.name] = d.child
             if nodes[d.child]?.kind == .directory { parent[d.child] = d.parent }
@@ -81,7 +79,6 @@ final class Namespace: @unchecked Sendable {
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
         seq = snapshot.seq
-        nodeChanges = snapshot.nodeChanges
     }
 
     /// Take every table of `other` (a namespace loaded again from the store).
@@ -104,7 +101,6 @@ final class Namespace: @unchecked Sendable {
         maxIno = other.maxIno
         maxVersion = other.maxVersion
         seq = other.seq
-        nodeChanges = other.nodeChanges
     }
 
     /// What the kernel may hold that `other` changes: the names that differ (and their
@@ -151,8 +147,7 @@ final class Namespace: @unchecked Sendable {
         switch m {
         case .putNode(let n):
             let old = nodes[n.ino]
-            nodes[n.ino] = n
-            nodeChanges[n.ino] = seq
+            nodes.put(n, change: seq)
             maxIno = max(maxIno, n.ino)
             if n.kind == .directory, children[n.ino] == nil { children[n.ino] = [:] }
             if let v = n.currentVersion, v != old?.currentVersion {
@@ -163,8 +158,7 @@ final class Namespace: @unchecked Sendable {
             if trashed[n.ino] != nil, old?.container != n.container || old?.kind != n.kind { noteTrashEdit(n.ino) }
         case .deleteNode(let ino):
             if trashed[ino] != nil { noteTrashEdit(ino) }
-            nodes[ino] = nil
-            nodeChanges[ino] = nil
+            nodes.remove(ino)
             children[ino] = nil
             parent[ino] = nil
             xattrs[ino] = nil
@@ -239,7 +233,7 @@ extension Namespace {
     /// (a copy on write gives a table new storage). A native Dictionary is one pointer to it.
     var storageIdentity: [UInt] {
         func bits<K, V>(_ d: [K: V]) -> UInt { withUnsafeBytes(of: d) { $0.load(as: UInt.self) } }
-        return nodes.storageIdentity + [bits(children), bits(parent), bits(xattrs), bits(chunks), bits(nodeChanges)]
+        return nodes.storageIdentity + [bits(children), bits(parent), bits(xattrs), bits(chunks)]
     }
 
     /// What `batch` assumes of the store, read from this namespace (which it was staged over):
@@ -253,8 +247,8 @@ extension Namespace {
         var seenContainers: Set<String> = []
         var seenMeta: Set<String> = []
         func node(_ ino: InodeNumber) {
-            guard seenNodes.insert(ino).inserted, nodes[ino] != nil else { return }
-            out.append(.nodeAt(ino: ino, change: nodeChanges[ino] ?? 0))
+            guard seenNodes.insert(ino).inserted, let change = nodes.change(of: ino) else { return }
+            out.append(.nodeAt(ino: ino, change: change))
         }
         func name(_ parent: InodeNumber, _ name: [UInt8]) {
             var key = withUnsafeBytes(of: parent.littleEndian) { Array($0) }

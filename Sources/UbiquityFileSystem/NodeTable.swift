@@ -4,13 +4,16 @@
 // million entries has two million buckets (it never fills past three quarters): 268 MB, half of
 // it empty. Here the records sit in one array, without gaps, and the hash table holds only
 // their positions (12 bytes a bucket): about 145 MB at a million nodes. A removal moves the
-// last record into the hole.
+// last record into the hole. Beside each record, the commit that last put it (what a batch's
+// `Expectation.nodeAt` compares), which needed a second table as big as the first.
 
 import UbiquityStore
 
 struct NodeTable: Sequence {
     private var position: [InodeNumber: UInt32] = [:]
     private var records: [NodeRecord] = []
+    /// `changes[i]`: the commit that last put `records[i]` (0: not known).
+    private var changes: [ChangeSeq] = []
 
     init() {}
 
@@ -22,33 +25,44 @@ struct NodeTable: Sequence {
     mutating func reserveCapacity(_ n: Int) {
         position.reserveCapacity(n)
         records.reserveCapacity(n)
+        changes.reserveCapacity(n)
     }
 
-    /// The node `ino`; set a node (whose `ino` is the key) or nil to remove it.
     subscript(ino: InodeNumber) -> NodeRecord? {
-        get { position[ino].map { records[Int($0)] } }
-        set {
-            if let n = newValue {
-                precondition(n.ino == ino, "node \(n.ino) put under inode \(ino)")
-                if let i = position[ino] {
-                    records[Int(i)] = n
-                } else {
-                    position[ino] = UInt32(records.count)
-                    records.append(n)
-                }
-            } else if let i = position.removeValue(forKey: ino) {
-                let last = records.removeLast()
-                if Int(i) < records.count {
-                    records[Int(i)] = last
-                    position[last.ino] = i
-                }
-            }
+        position[ino].map { records[Int($0)] }
+    }
+
+    mutating func remove(_ ino: InodeNumber) {
+        guard let i = position.removeValue(forKey: ino).map(Int.init) else { return }
+        let last = records.removeLast(), lastChange = changes.removeLast()
+        if i < records.count {
+            records[i] = last
+            changes[i] = lastChange
+            position[last.ino] = UInt32(i)
         }
+    }
+
+    /// Put `n` (new or replacing the node of its number), as put by commit `change`.
+    mutating func put(_ n: NodeRecord, change: ChangeSeq) {
+        if let i = position[n.ino].map(Int.init) {
+            records[i] = n
+            changes[i] = change
+        } else {
+            position[n.ino] = UInt32(records.count)
+            records.append(n)
+            changes.append(change)
+        }
+    }
+
+    /// The commit that last put node `ino` (0 if not known), nil if there is no such node.
+    func change(of ino: InodeNumber) -> ChangeSeq? {
+        position[ino].map { changes[Int($0)] }
     }
 
     /// Its two buffers (see `Namespace.storageIdentity`).
     var storageIdentity: [UInt] {
-        [withUnsafeBytes(of: position) { $0.load(as: UInt.self) }, withUnsafeBytes(of: records) { $0.load(as: UInt.self) }]
+        func bits<T>(_ x: T) -> UInt { withUnsafeBytes(of: x) { $0.load(as: UInt.self) } }
+        return [bits(position), bits(records), bits(changes)]
     }
 
     func makeIterator() -> some IteratorProtocol<(key: InodeNumber, value: NodeRecord)> {

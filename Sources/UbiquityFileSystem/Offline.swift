@@ -119,7 +119,7 @@ extension UbiquityFileSystem {
         let now = state
         func unchanged(_ ino: InodeNumber) -> Bool {
             batch.expectations.contains { e in
-                if case .nodeAt(let i, let c) = e { return i == ino && now.nodes[ino] != nil && now.nodeChanges[ino] == c }
+                if case .nodeAt(let i, let c) = e { return i == ino && now.nodes.change(of: ino) == c }
                 return false
             }
         }

@@ -30,10 +30,11 @@ final class NamespaceCostTests: XCTestCase {
     }
 
     /// The node table answers as a dictionary would, through puts, replacements and removals
-    /// (a removal moves the last record into the hole).
+    /// (a removal moves the last record into the hole), each node with the commit that put it.
     func testNodeTableAnswersAsADictionary() {
         var table = NodeTable()
         var model: [InodeNumber: NodeRecord] = [:]
+        var changes: [InodeNumber: ChangeSeq] = [:]
         var rng = SystemRandomNumberGenerator()
         func node(_ ino: InodeNumber, _ size: UInt64) -> NodeRecord {
             NodeRecord(ino: ino, container: "c", kind: .regular, mode: 0o644, uid: 0, gid: 0, nlink: 1, size: size,
@@ -41,17 +42,23 @@ final class NamespaceCostTests: XCTestCase {
         }
         for step in 0..<20_000 {
             let ino = InodeNumber.random(in: 1...300, using: &rng)
-            switch Int.random(in: 0..<4, using: &rng) {
-            case 0, 1: table[ino] = node(ino, UInt64(step)); model[ino] = node(ino, UInt64(step))
-            case 2: table[ino] = nil; model[ino] = nil
-            default: table[ino]?.size += 1; model[ino]?.size += 1
+            if Int.random(in: 0..<3, using: &rng) < 2 {
+                table.put(node(ino, UInt64(step)), change: ChangeSeq(step))
+                model[ino] = node(ino, UInt64(step))
+                changes[ino] = ChangeSeq(step)
+            } else {
+                table.remove(ino)
+                model[ino] = nil
+                changes[ino] = nil
             }
             XCTAssertEqual(table[ino], model[ino])
+            XCTAssertEqual(table.change(of: ino), changes[ino])
         }
         XCTAssertEqual(table.count, model.count)
+        for ino in model.keys { XCTAssertEqual(table.change(of: ino), changes[ino]) }
         XCTAssertEqual(Dictionary(uniqueKeysWithValues: table.map { ($0.key, $0.value) }), model)
         XCTAssertEqual(Set(table.values.map(\.ino)), Set(model.keys))
-        for ino in model.keys { table[ino] = nil }
+        for ino in model.keys { table.remove(ino) }
         XCTAssertTrue(table.isEmpty)
         XCTAssertNil(table[1])
     }

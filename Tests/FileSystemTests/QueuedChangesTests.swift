@@ -10,7 +10,7 @@ import UbiquityStore
 
 final class QueuedChangesTests: TwoWritersTestCase {
     private func change(of fs: UbiquityFileSystem, _ ino: UInt64) -> ChangeSeq {
-        fs.ns.read { fs.state.nodeChanges[ino] ?? -1 }
+        fs.ns.read { fs.state.nodes.change(of: ino) ?? -1 }
     }
 
     private func node(of fs: UbiquityFileSystem, _ ino: UInt64) throws -> NodeRecord {

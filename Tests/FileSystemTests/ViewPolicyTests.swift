@@ -24,8 +24,8 @@ final class ViewPolicyTests: XCTestCase {
         let ns = Namespace()
         ns.containers[Sample.notes.identifier] = record(Sample.notes, root: 10)
         ns.containers[Sample.secret.identifier] = record(Sample.secret, root: 20)
-        for ino: InodeNumber in [10, 11, 12, 13, 14] { ns.nodes[ino] = folder(ino, Sample.notes) }
-        ns.nodes[20] = folder(20, Sample.secret)
+        for ino: InodeNumber in [10, 11, 12, 13, 14] { ns.nodes.put(folder(ino, Sample.notes), change: 0) }
+        ns.nodes.put(folder(20, Sample.secret), change: 0)
         ns.children[10] = [documentsName: 11, Array("Caches".utf8): 14]
         ns.children[11] = [Array("A".utf8): 12]
         ns.children[12] = [Array("B".utf8): 13]
