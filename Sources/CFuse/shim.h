@@ -142,11 +142,4 @@ static inline int ubiquityfs_custom_io(struct fuse_session *se) {
     static const struct fuse_custom_io io = { ubiquityfs_io_writev, ubiquityfs_io_read, NULL, ubiquityfs_io_splice_send };
     return fuse_session_custom_io(se, &io, fuse_session_fd(se));
 }
-
-/* Give the C heap's free pages back to the system. Loading the namespace at start builds a
-   second copy of it (the store's snapshot) that is freed once the tables are built; glibc keeps
-   such memory, and it stayed in the daemon's RSS for its whole life. */
-#include <malloc.h>
-static inline void ubiquityfs_trim_heap(void) { malloc_trim(0); }
-
 #endif

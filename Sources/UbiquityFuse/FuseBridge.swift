@@ -999,7 +999,6 @@ public final class FuseSession: @unchecked Sendable {
             bridge.readAhead = ("/sys/class/bdi/\(device)/read_ahead_kb", readAheadKiB)
             bridge.readAheadPending.store(true, ordering: .releasing)
         }
-        ubiquityfs_trim_heap()
         let result = fuse_session_loop_mt(session, config)
         // Nothing answers a replay from now on; one still in flight ends when the session is
         // destroyed (the kernel fails it), and invalidations no longer wait for it.
