@@ -3,9 +3,10 @@
 // A `[InodeNumber: NodeRecord]` keeps a 128-byte slot per bucket, and a hash table sized for a
 // million entries has two million buckets (it never fills past three quarters): 268 MB, half of
 // it empty. Here the records sit in one array, without gaps, and the hash table holds only
-// their positions (12 bytes a bucket): about 145 MB at a million nodes. A removal moves the
-// last record into the hole. Beside each record, the commit that last put it (what a batch's
-// `Expectation.nodeAt` compares), which needed a second table as big as the first.
+// their positions (12 bytes a bucket): about 153 MB at a million nodes with the commits
+// below. A removal moves the last record into the hole. Beside each record, the commit that
+// last put it (what a batch's `Expectation.nodeAt` compares), which took a second hash table
+// with as many buckets.
 
 import UbiquityStore
 
