@@ -35,25 +35,14 @@ final class NamespaceCostTests: XCTestCase {
         var table = NodeTable()
         var model: [InodeNumber: NodeRecord] = [:]
         var changes: [InodeNumber: ChangeSeq] = [:]
-        // SplitMix64 with a fixed seed: a failure repeats.
-        struct Seeded: RandomNumberGenerator {
-            var state: UInt64
-            mutating func next() -> UInt64 {
-                state &+= 0x9e37_79b9_7f4a_7c15
-                var z = state
-                z = (z ^ (z >> 30)) &* 0xbf58_476d_1ce4_e5b9
-                z = (z ^ (z >> 27)) &* 0x94d0_49bb_1331_11eb
-                return z ^ (z >> 31)
-            }
-        }
-        var rng = Seeded(state: 20261207)
+        var rng = SplitMix64(seed: 20261207)   // a failure repeats
         func node(_ ino: InodeNumber, _ size: UInt64) -> NodeRecord {
             NodeRecord(ino: ino, container: "c", kind: .regular, mode: 0o644, uid: 0, gid: 0, nlink: 1, size: size,
                        atime: 0, mtime: 0, ctime: 0, btime: 0)
         }
         for step in 0..<20_000 {
-            let ino = InodeNumber.random(in: 1...300, using: &rng)
-            if Int.random(in: 0..<3, using: &rng) < 2 {
+            let ino = InodeNumber(1 + rng.below(300))
+            if rng.below(3) < 2 {
                 table.put(node(ino, UInt64(step)), change: ChangeSeq(step))
                 model[ino] = node(ino, UInt64(step))
                 changes[ino] = ChangeSeq(step)
