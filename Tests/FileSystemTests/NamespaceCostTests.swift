@@ -30,21 +30,32 @@ final class NamespaceCostTests: XCTestCase {
     }
 
     /// The node table answers as a dictionary would, through puts, replacements and removals
-    /// (a removal moves the last record into the hole), each node with the commit that put it.
+    /// (a removal moves the last record into the hole), each node with the commit that put it,
+    /// whatever its container, kind, version, device number or symlink target.
     func testNodeTableAnswersAsADictionary() {
         var table = NodeTable()
         var model: [InodeNumber: NodeRecord] = [:]
         var changes: [InodeNumber: ChangeSeq] = [:]
         var rng = SplitMix64(seed: 20261207)   // a failure repeats
-        func node(_ ino: InodeNumber, _ size: UInt64) -> NodeRecord {
-            NodeRecord(ino: ino, container: "c", kind: .regular, mode: 0o644, uid: 0, gid: 0, nlink: 1, size: size,
-                       atime: 0, mtime: 0, ctime: 0, btime: 0)
+        let containers = ["iCloud.com.example.TestDrive", "c", "iCloud.com.example.SugoiApp"]
+        let kinds: [NodeKind] = [.regular, .directory, .symlink, .fifo, .socket, .characterDevice, .blockDevice]
+        func node(_ ino: InodeNumber, _ step: Int) -> NodeRecord {
+            let kind = kinds[rng.below(kinds.count)]
+            return NodeRecord(ino: ino, container: containers[rng.below(3)], kind: kind, mode: UInt32(rng.below(0o7777)),
+                              uid: UInt32(rng.below(3)), gid: UInt32(rng.below(3)), nlink: UInt32(1 + rng.below(3)),
+                              size: UInt64(step), atime: Int64(step), mtime: -Int64(step), ctime: Int64(step) << 20,
+                              btime: Int64(rng.below(1000)),
+                              rdev: kind == .characterDevice || kind == .blockDevice ? UInt64(rng.below(3)) : 0,
+                              target: kind == .symlink ? Array("t\(step)".utf8) : [],
+                              currentVersion: kind == .regular && rng.below(2) == 0 ? VersionID(step) : nil)
         }
+        XCTAssertLessThanOrEqual(NodeTable.recordStride, 88, "a node's record is no longer packed")
         for step in 0..<20_000 {
             let ino = InodeNumber(1 + rng.below(300))
             if rng.below(3) < 2 {
-                table.put(node(ino, UInt64(step)), change: ChangeSeq(step))
-                model[ino] = node(ino, UInt64(step))
+                let n = node(ino, step)
+                table.put(n, change: ChangeSeq(step))
+                model[ino] = n
                 changes[ino] = ChangeSeq(step)
             } else {
                 table.remove(ino)
@@ -62,4 +73,5 @@ final class NamespaceCostTests: XCTestCase {
         XCTAssertTrue(table.isEmpty)
         XCTAssertNil(table[1])
     }
+
 }
