@@ -89,9 +89,9 @@ extension Namespace {
     /// One name of `ino` (its folder and the name in it); for a folder its only one. A scan for
     /// files, which have no parent map: only rare commands (a conflict, a restore) ask.
     func firstName(of ino: InodeNumber) -> (parent: InodeNumber, name: [UInt8])? {
-        if let p = parent[ino], let name = children[p]?.first(where: { $0.value == ino })?.key { return (p, name) }
+        if let p = parent[ino], let name = children[p]?.name(of: ino) { return (p, name) }
         for (p, entries) in children {
-            if let name = entries.first(where: { $0.value == ino })?.key { return (p, name) }
+            if let name = entries.name(of: ino) { return (p, name) }
         }
         return nil
     }
@@ -100,7 +100,7 @@ extension Namespace {
     func names(of ino: InodeNumber) -> [(parent: InodeNumber, name: [UInt8])] {
         var out: [(InodeNumber, [UInt8])] = []
         for (p, entries) in children {
-            for (name, child) in entries where child == ino { out.append((p, name)) }
+            for name in entries.names(of: ino) { out.append((p, name)) }
         }
         return out
     }

@@ -12,7 +12,7 @@ import UbiquityStore
 
 final class Namespace: @unchecked Sendable {
     var nodes = NodeTable()
-    var children: [InodeNumber: [[UInt8]: InodeNumber]] = [:]
+    var children: [InodeNumber: FolderEntries] = [:]
     /// Parent of every folder (folders have exactly one name).
     var parent: [InodeNumber: InodeNumber] = [:]
     var xattrs: [InodeNumber: [[UInt8]: [UInt8]]] = [:]

@@ -221,7 +221,7 @@ extension UbiquityFileSystem {
                 if i == chain.count - 1 && folder == policy.containerFolderIno(c, in: state) {
                     path = base + policy.containerFolderName(c)
                 } else if let p = state.parent[folder],
-                          let name = state.children[p]?.first(where: { $0.value == folder })?.key, Self.isPlainName(name) {
+                          let name = state.children[p]?.name(of: folder), Self.isPlainName(name) {
                     path = base.isEmpty ? name : base + [0x2f] + name
                 } else {
                     path = nil

@@ -74,4 +74,59 @@ final class NamespaceCostTests: XCTestCase {
         XCTAssertNil(table[1])
     }
 
+    /// A folder's entries answer as a dictionary would, through inserts, replacements and
+    /// removals (tombstones, the table growing, the name buffer rebuilt once half of it is
+    /// removed names, emptied), with names of every length a folder entry can have.
+    func testFolderEntriesAnswerAsADictionary() {
+        var entries = FolderEntries()
+        var model: [[UInt8]: InodeNumber] = [:]
+        var rng = SplitMix64(seed: 20261208)   // a failure repeats
+        func name(_ k: Int) -> [UInt8] {
+            // Short names and long ones (so removals leave more than the buffer's rebuild
+            // threshold behind), some alike but for their last byte.
+            Array(String(repeating: "n", count: k % 7 == 0 ? 200 : 1).utf8) + Array("\(k)".utf8)
+        }
+        func check() {
+            XCTAssertEqual(Dictionary(uniqueKeysWithValues: entries.map { ($0.key, $0.value) }), model)
+            XCTAssertEqual(Set(entries.keys), Set(model.keys))
+            XCTAssertEqual(entries.values.sorted(), model.values.sorted())
+            XCTAssertEqual(entries.isEmpty, model.isEmpty)
+        }
+        for step in 0..<45_000 {
+            // The population grows, shrinks (to nothing, below), then grows again.
+            let k = rng.below(step < 30_000 ? 2_000 : 500)
+            if step >= 15_000 && step < 30_000 || rng.below(3) == 0 {
+                XCTAssertEqual(entries.removeValue(forKey: name(k)), model.removeValue(forKey: name(k)))
+            } else {
+                entries[name(k)] = InodeNumber(step)
+                model[name(k)] = InodeNumber(step)
+            }
+            XCTAssertEqual(entries[name(k)], model[name(k)])
+            XCTAssertEqual(entries.count, model.count)
+            if step % 5_000 == 0 { check() }
+            if step == 29_999 {
+                check()
+                for key in model.keys { XCTAssertEqual(entries.removeValue(forKey: key), model.removeValue(forKey: key)) }
+                check()
+            }
+        }
+        check()
+        XCTAssertNil(entries[[]])
+        XCTAssertNil(FolderEntries()[Array("a".utf8)])
+        // Equality is by content, not by the order names came in.
+        var a: FolderEntries = [Array("x".utf8): 1, Array("y".utf8): 2]
+        let b: FolderEntries = [Array("y".utf8): 2, Array("x".utf8): 1]
+        XCTAssertEqual(a, b)
+        a[Array("y".utf8)] = 3
+        XCTAssertNotEqual(a, b)
+        a[Array("y".utf8)] = nil
+        XCTAssertNotEqual(a, b)
+        // A child's names, found by a scan.
+        var links: FolderEntries = [Array("one".utf8): 7, Array("two".utf8): 7, Array("other".utf8): 8]
+        XCTAssertEqual(Set(links.names(of: 7)), [Array("one".utf8), Array("two".utf8)])
+        XCTAssertEqual(links.name(of: 8), Array("other".utf8))
+        XCTAssertNil(links.name(of: 9))
+        links[Array("other".utf8)] = nil
+        XCTAssertNil(links.name(of: 8))
+    }
 }
