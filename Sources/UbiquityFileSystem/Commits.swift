@@ -249,8 +249,8 @@ extension UbiquityFileSystem {
         docsLock.withLock {
             changes.filter { change in
                 switch change {
-                case .node(let ino): return ino == Self.rootID || lookups[ino] != nil
-                case .entry(let parent, _): return parent == Self.rootID || lookups[parent] != nil
+                case .node(let ino): return ino == Self.rootID || kernelRefs.holds(ino)
+                case .entry(let parent, _): return parent == Self.rootID || kernelRefs.holds(parent)
                 }
             }
         }

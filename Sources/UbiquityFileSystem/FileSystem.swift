@@ -106,13 +106,12 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Kernel references (entry replies minus forgets) of nodes, counted only when the bridge
     /// reports them: a node whose last name is gone lives on while the kernel still refers to
     /// it (an O_PATH descriptor, a removed working folder), as on a local filesystem.
-    var lookups: [InodeNumber: UInt64] = [:]  // guarded by docsLock
+    /// With the name the kernel last got each by (a hint: checked against the namespace before
+    /// use), for a replay of another writer's change (see WatchEvents.swift).
+    var kernelRefs = KernelReferences()  // guarded by docsLock
     /// For each file the kernel opened, the version current at its last open (0: none yet):
     /// what its page cache may hold, besides what was written through it (`keepsKernelCache`).
     var kernelContent: [InodeNumber: VersionID] = [:]  // guarded by docsLock
-    /// The name the kernel last got each of those nodes by, where it said (a hint: checked
-    /// against the namespace before use).
-    private var kernelNames: [InodeNumber: KernelName] = [:]  // guarded by docsLock
     struct KernelName { let parent: InodeNumber; let name: [UInt8] }
 
     /// Lock requests waiting for another owner's lock to go (see Locks.swift).
@@ -235,7 +234,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     func target(_ ino: UInt64) throws -> Target {
         do { return try policy.target(ino, in: state) } catch let e as FSError where e.errno == ENOENT && state.nodes[ino] == nil {
             if let ghost = docsLock.withLock({ ghosts[ino] }) { return .node(ghost.node) }
-            if docsLock.withLock({ lookups[ino] != nil }) {
+            if docsLock.withLock({ kernelRefs.holds(ino) }) {
                 throw FSError(ESTALE, "node \(ino) was deleted by another writer").routine()
             }
             throw e
@@ -329,8 +328,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     public func remember(_ ino: UInt64, parent: UInt64? = nil, name: [UInt8]? = nil) {
         guard ino != Self.rootID else { return }
         docsLock.withLock {
-            lookups[ino, default: 0] += 1
-            if let parent, let name { kernelNames[ino] = KernelName(parent: parent, name: name) }
+            kernelRefs.add(ino, parent: parent, name: name)
         }
     }
 
@@ -345,20 +343,15 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// The kernel moved its entry for `ino` to `name` in `parent` (a replayed rename).
     public func kernelMoved(_ ino: UInt64, parent: UInt64, name: [UInt8]) {
         docsLock.withLock {
-            if kernelNames[ino] != nil { kernelNames[ino] = KernelName(parent: parent, name: name) }
+            kernelRefs.moved(ino, parent: parent, name: name)
         }
     }
 
     /// The kernel dropped `count` references to `ino`.
     public func forget(_ ino: UInt64, count: UInt64) {
         let (gone, counted) = docsLock.withLock { () -> (Bool, UInt64) in
-            let c = lookups[ino] ?? 0
-            if c > count {
-                lookups[ino] = c - count
-                return (false, c)
-            }
-            lookups[ino] = nil
-            kernelNames[ino] = nil
+            let c = kernelRefs.drop(ino, count: count)
+            if c > count { return (false, c) }
             kernelContent[ino] = nil   // the kernel dropped the inode, and its pages with it
             return (c > 0, c)
         }
@@ -374,17 +367,17 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     /// Whether the kernel holds `ino` (the root always): only then can anything watch it.
     func kernelHolds(_ ino: InodeNumber) -> Bool {
-        ino == Self.rootID || docsLock.withLock { lookups[ino] != nil }
+        ino == Self.rootID || docsLock.withLock { kernelRefs.holds(ino) }
     }
 
     /// The name the kernel last got `ino` by, if it holds it.
     func kernelName(of ino: InodeNumber) -> KernelName? {
-        docsLock.withLock { kernelNames[ino] }
+        docsLock.withLock { kernelRefs.name(of: ino).map { KernelName(parent: $0.parent, name: $0.name) } }
     }
 
     /// Caller holds docsLock.
     private func isReferenced(_ ino: InodeNumber) -> Bool {
-        (docs[ino]?.opens ?? 0) > 0 || lookups[ino] != nil
+        (docs[ino]?.opens ?? 0) > 0 || kernelRefs.holds(ino)
     }
 
     /// Delete a node with no name left once nothing refers to it any more.
@@ -864,7 +857,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
             // The kernel moves its entry with the rename: the name a replay goes by moves too.
             if let moved = ns.read({ state.children[newParent]?[placed] }) {
                 docsLock.withLock {
-                    if kernelNames[moved] != nil { kernelNames[moved] = KernelName(parent: newParent, name: placed) }
+                    kernelRefs.moved(moved, parent: newParent, name: placed)
                 }
             }
         }

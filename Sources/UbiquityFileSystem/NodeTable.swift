@@ -2,8 +2,8 @@
 //
 // A `[InodeNumber: NodeRecord]` keeps a 128-byte slot per bucket, and a hash table sized for a
 // million entries has two million buckets (it never fills past three quarters): 268 MB, half of
-// it empty. Here the records sit in one array, without gaps, and the hash table holds only
-// their positions (12 bytes a bucket). A removal moves the last record into the hole.
+// it empty. Here the records sit in one array, without gaps, and a `PositionIndex` holds only
+// their positions (about 8 bytes a node). A removal moves the last record into the hole.
 //
 // Each record is packed into 88 bytes, the commit that last put it (what a batch's
 // `Expectation.nodeAt` compares) included, where a `NodeRecord` takes 120 and the commit 8 more:
@@ -14,7 +14,7 @@
 import UbiquityStore
 
 struct NodeTable: Sequence {
-    private var position: [InodeNumber: UInt32] = [:]
+    private var index = PositionIndex()
     private var records: [Packed] = []
     /// `rdev` and `target` of the nodes that have either.
     private var extras: [InodeNumber: Extra] = [:]
@@ -61,22 +61,38 @@ struct NodeTable: Sequence {
     var values: [NodeRecord] { records.map(unpack) }
 
     mutating func reserveCapacity(_ n: Int) {
-        position.reserveCapacity(n)
         records.reserveCapacity(n)
+        withIndex { index, keys in index.reserveCapacity(n, keys: keys) }
     }
 
     subscript(ino: InodeNumber) -> NodeRecord? {
-        position[ino].map { unpack(records[Int($0)]) }
+        position(of: ino).map { unpack(records[$0]) }
+    }
+
+    private func position(of ino: InodeNumber) -> Int? {
+        records.withUnsafeBufferPointer { all in index.find(ino) { all[$0].ino } }
+    }
+
+    /// `body` with the index and the records' keys. The index is moved out while `body` changes
+    /// it (no copy: it is the only reference to its storage), so that the records can be read
+    /// meanwhile.
+    private mutating func withIndex<R>(_ body: (inout PositionIndex, (Int) -> InodeNumber) -> R) -> R {
+        var moved = index
+        index = PositionIndex()
+        defer { index = moved }
+        return records.withUnsafeBufferPointer { all in body(&moved) { all[$0].ino } }
     }
 
     mutating func remove(_ ino: InodeNumber) {
-        guard let i = position.removeValue(forKey: ino).map(Int.init) else { return }
+        guard let i = withIndex({ index, keys in index.remove(ino, keys: keys) }) else { return }
         if records[i].flags & Packed.hasExtra != 0 { extras[ino] = nil }
-        let last = records.removeLast()
-        if i < records.count {
-            records[i] = last
-            position[last.ino] = UInt32(i)
+        let last = records.count - 1
+        if i < last {
+            let moving = records[last].ino
+            withIndex { index, keys in index.move(moving, to: i, keys: keys) }
+            records[i] = records[last]
         }
+        records.removeLast()
     }
 
     /// Put `n` (new or replacing the node of its number), as put by commit `change`.
@@ -85,24 +101,25 @@ struct NodeTable: Sequence {
         if packed.flags & Packed.hasExtra != 0 {
             extras[n.ino] = Extra(rdev: n.rdev, target: n.target)
         }
-        if let i = position[n.ino].map(Int.init) {
+        if let i = position(of: n.ino) {
             if records[i].flags & Packed.hasExtra != 0 && packed.flags & Packed.hasExtra == 0 { extras[n.ino] = nil }
             records[i] = packed
         } else {
-            position[n.ino] = UInt32(records.count)
             records.append(packed)
+            let at = records.count - 1
+            withIndex { index, keys in index.insert(n.ino, at: at, keys: keys) }
         }
     }
 
     /// The commit that last put node `ino` (0 if not known), nil if there is no such node.
     func change(of ino: InodeNumber) -> ChangeSeq? {
-        position[ino].map { records[Int($0)].change }
+        position(of: ino).map { records[$0].change }
     }
 
     /// Its buffers (see `Namespace.storageIdentity`).
     var storageIdentity: [UInt] {
         func bits<T>(_ x: T) -> UInt { withUnsafeBytes(of: x) { $0.load(as: UInt.self) } }
-        return [bits(position), bits(records), bits(extras)]
+        return [index.storageIdentity, bits(records), bits(extras)]
     }
 
     func makeIterator() -> some IteratorProtocol<(key: InodeNumber, value: NodeRecord)> {

@@ -67,7 +67,7 @@ extension UbiquityFileSystem {
         ns.read {
             let version = state.nodes[ino].map { $0.currentVersion ?? 0 }
             return docsLock.withLock {
-                guard let version, lookups[ino] != nil else {
+                guard let version, kernelRefs.holds(ino) else {
                     // Not a file of the store (a ghost, a trash node), or not held by the kernel.
                     kernelContent[ino] = nil
                     return false

@@ -129,4 +129,82 @@ final class NamespaceCostTests: XCTestCase {
         links[Array("other".utf8)] = nil
         XCTAssertNil(links.name(of: 8))
     }
+
+    /// The position index finds every key its owner put, through growth, removals (which shift
+    /// later entries back) and moves, with keys dense, sparse and alike in their low bits.
+    func testPositionIndexFindsWhatWasPut() {
+        var rng = SplitMix64(seed: 20261209)   // a failure repeats
+        for spread in [1, 1 << 20, 4096] as [UInt64] {
+            var index = PositionIndex()
+            var keys: [InodeNumber] = []       // the owner's records, dense
+            var model: Set<InodeNumber> = []
+            for step in 0..<30_000 {
+                let key = 1 + UInt64(rng.below(step < 20_000 ? 3_000 : 300)) * spread
+                if let i = keys.firstIndex(of: key) {
+                    guard rng.below(2) == 0 else { continue }
+                    XCTAssertEqual(keys.withUnsafeBufferPointer { all in index.remove(key) { all[$0] } }, i)
+                    if i < keys.count - 1 {
+                        let moving = keys[keys.count - 1]
+                        keys.withUnsafeBufferPointer { all in index.move(moving, to: i) { all[$0] } }
+                        keys[i] = moving
+                    }
+                    keys.removeLast()
+                    model.remove(key)
+                } else {
+                    keys.append(key)
+                    keys.withUnsafeBufferPointer { all in index.insert(key, at: keys.count - 1) { all[$0] } }
+                    model.insert(key)
+                }
+                XCTAssertEqual(index.count, keys.count)
+                if step % 1_000 == 0 || step > 29_900 {
+                    for (i, k) in keys.enumerated() {
+                        XCTAssertEqual(keys.withUnsafeBufferPointer { all in index.find(k) { all[$0] } }, i)
+                    }
+                    XCTAssertNil(keys.withUnsafeBufferPointer { all in index.find(spread * 5_000 + 2) { all[$0] } })
+                }
+            }
+            XCTAssertEqual(Set(keys), model)
+        }
+    }
+
+    /// The kernel's references count up and down per node, and keep the name each node was
+    /// last given by, through moves, forgets and the name buffer's compaction.
+    func testKernelReferencesCountAndName() {
+        var refs = KernelReferences()
+        var counts: [InodeNumber: UInt64] = [:]
+        var names: [InodeNumber: (InodeNumber, [UInt8])] = [:]
+        var rng = SplitMix64(seed: 20261210)   // a failure repeats
+        for step in 0..<40_000 {
+            let ino = InodeNumber(2 + rng.below(step < 30_000 ? 1_500 : 40))
+            let name = Array("entry-\(step % 97)-".utf8) + Array(repeating: UInt8(ascii: "x"), count: rng.below(80))
+            switch rng.below(5) {
+            case 0, 1:
+                let named = rng.below(3) != 0
+                refs.add(ino, parent: named ? InodeNumber(step) : nil, name: named ? name : nil)
+                counts[ino, default: 0] += 1
+                if named { names[ino] = (InodeNumber(step), name) }
+            case 2:
+                refs.moved(ino, parent: 7, name: name)
+                if names[ino] != nil { names[ino] = (7, name) }
+            default:
+                let n = UInt64(1 + rng.below(2))
+                XCTAssertEqual(refs.drop(ino, count: n), counts[ino] ?? 0)
+                if let c = counts[ino], c > n { counts[ino] = c - n } else { counts[ino] = nil; names[ino] = nil }
+            }
+            XCTAssertEqual(refs.references(to: ino), counts[ino])
+            XCTAssertEqual(refs.holds(ino), counts[ino] != nil)
+            XCTAssertEqual(refs.name(of: ino)?.parent, names[ino]?.0)
+            XCTAssertEqual(refs.name(of: ino)?.name, names[ino]?.1)
+            XCTAssertEqual(refs.count, counts.count)
+            if step % 4_000 == 0 {
+                for (i, c) in counts {
+                    XCTAssertEqual(refs.references(to: i), c)
+                    XCTAssertEqual(refs.name(of: i)?.name, names[i]?.1)
+                }
+            }
+        }
+        for (i, c) in counts { XCTAssertEqual(refs.drop(i, count: c), c) }
+        XCTAssertEqual(refs.count, 0)
+        XCTAssertNil(refs.name(of: 2))
+    }
 }
