@@ -312,7 +312,7 @@ extension UbiquityFileSystem {
             if case .deleteVersion(let id) = m { deletedVersions.insert(id) }
         }
         var freed: Set<BlobID> = []
-        for case .deleteNode(let ino) in staging.mutations where !movedAway.contains(ino) && state.nodes[ino]?.kind == .regular {
+        for case .deleteNode(let ino) in staging.mutations where !movedAway.contains(ino) && state.nodes.kind(of: ino) == .regular {
             do {
                 for v in try store.metadata.versions(of: ino) { freed.formUnion(v.chunks.lazy.filter { !$0.isHole }.map(\.blob)) }
             } catch {

@@ -197,7 +197,7 @@ extension UbiquityFileSystem {
                 var names = TrashNames()
                 let items = state.trashed.values.filter(isShownInTrash).sorted { ($0.deleted, $0.ino) < ($1.deleted, $1.ino) }
                 for r in items {
-                    names.add(r.ino, wanting: r.trashName ?? r.name, kind: state.nodes[r.ino]?.kind ?? .regular, sorting: false)
+                    names.add(r.ino, wanting: r.trashName ?? r.name, kind: state.nodes.kind(of: r.ino) ?? .regular, sorting: false)
                 }
                 names.sorted.sort { $0.name.lexicographicallyPrecedes($1.name) }
                 c.names = names
@@ -215,7 +215,7 @@ extension UbiquityFileSystem {
                 var added = Set<InodeNumber>()
                 for ino in edited where added.insert(ino).inserted {
                     if let r = state.trashed[ino], isShownInTrash(r) {
-                        c.names.add(ino, wanting: r.trashName ?? r.name, kind: state.nodes[ino]?.kind ?? .regular)
+                        c.names.add(ino, wanting: r.trashName ?? r.name, kind: state.nodes.kind(of: ino) ?? .regular)
                     }
                 }
             }
@@ -464,7 +464,7 @@ extension UbiquityFileSystem {
         switch dir {
         case .files:
             guard let ino = ns.read({ trashNames().byName[name] }) else { throw FSError.noEntry() }
-            let (kind, empty) = ns.read { (state.nodes[ino]?.kind, state.children[ino]?.isEmpty ?? true) }
+            let (kind, empty) = ns.read { (state.nodes.kind(of: ino), state.children[ino]?.isEmpty ?? true) }
             if directory && kind != .directory { throw FSError.notDir() }
             if !directory && kind == .directory { throw FSError(EISDIR, "is a folder") }
             if directory && !empty { throw FSError(ENOTEMPTY, "folder is not empty") }

@@ -79,11 +79,11 @@ extension UbiquityFileSystem {
     private func filesAndFolders(under ino: InodeNumber) -> [InodeNumber] {
         guard state.nodes[ino] != nil else { return [] }
         var out = [ino]
-        var folders = state.nodes[ino]?.kind == .directory ? [ino] : []
+        var folders = state.nodes.kind(of: ino) == .directory ? [ino] : []
         while let folder = folders.popLast() {
             for child in (state.children[folder] ?? [:]).values {
                 out.append(child)
-                if state.nodes[child]?.kind == .directory { folders.append(child) }
+                if state.nodes.kind(of: child) == .directory { folders.append(child) }
             }
         }
         return out
@@ -102,7 +102,7 @@ extension UbiquityFileSystem {
                 let gone = pins.filter { state.nodes[$0] == nil }
                 var files: Set<InodeNumber> = []
                 for pin in pins where !gone.contains(pin) {
-                    for n in filesAndFolders(under: pin) where state.nodes[n]?.kind == .regular { files.insert(n) }
+                    for n in filesAndFolders(under: pin) where state.nodes.kind(of: n) == .regular { files.insert(n) }
                 }
                 var keep: [ChunkRef] = []
                 var old: Set<BlobID> = []

@@ -62,7 +62,7 @@ final class Namespace: @unchecked Sendable {
         for n in snapshot.nodes { nodes.put(n, change: snapshot.nodeChanges[n.ino] ?? 0) }
         for d in snapshot.dirents {
             children[d.parent, default: [:]][d.name] = d.child
-            if nodes[d.child]?.kind == .directory { parent[d.child] = d.parent }
+            if nodes.kind(of: d.child) == .directory { parent[d.child] = d.parent }
         }
         for x in snapshot.xattrs { xattrs[x.ino, default: [:]][x.name] = x.value }
         for v in snapshot.currentVersions where nodes[v.ino]?.currentVersion == v.id { chunks[v.ino] = v.chunks }
@@ -75,7 +75,7 @@ final class Namespace: @unchecked Sendable {
             trashNameCounts[r.trashName ?? r.name, default: 0] += 1
         }
         trashNameCollisions = trashNameCounts.values.filter { $0 > 1 }.count
-        trashedFolders = Set(trashed.keys.filter { nodes[$0]?.kind == .directory })
+        trashedFolders = Set(trashed.keys.filter { nodes.kind(of: $0) == .directory })
         maxIno = snapshot.maxIno
         maxVersion = snapshot.maxVersion
         seq = snapshot.seq
@@ -165,10 +165,10 @@ final class Namespace: @unchecked Sendable {
             chunks[ino] = nil
         case .putDirent(let d):
             children[d.parent, default: [:]][d.name] = d.child
-            if nodes[d.child]?.kind == .directory { parent[d.child] = d.parent }
+            if nodes.kind(of: d.child) == .directory { parent[d.child] = d.parent }
         case .deleteDirent(let p, let name):
             if let child = children[p]?.removeValue(forKey: name), parent[child] == p,
-               nodes[child]?.kind == .directory {
+               nodes.kind(of: child) == .directory {
                 parent[child] = nil
             }
         case .putXattr(let x):
@@ -212,7 +212,7 @@ extension Namespace {
             trashNameCounts[new.trashName ?? new.name, default: 0] += 1
             if trashNameCounts[new.trashName ?? new.name] == 2 { trashNameCollisions += 1 }
         }
-        if trashed[ino] != nil, nodes[ino]?.kind == .directory { trashedFolders.insert(ino) } else { trashedFolders.remove(ino) }
+        if trashed[ino] != nil, nodes.kind(of: ino) == .directory { trashedFolders.insert(ino) } else { trashedFolders.remove(ino) }
         trashChangedAt = nowNanoseconds()
         noteTrashEdit(ino)
     }

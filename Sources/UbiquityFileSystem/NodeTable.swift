@@ -69,6 +69,12 @@ struct NodeTable: Sequence {
         position(of: ino).map { unpack(records[$0]) }
     }
 
+    /// The kind of node `ino`, without building its record (the namespace's load asks it of every
+    /// folder entry).
+    func kind(of ino: InodeNumber) -> NodeKind? {
+        position(of: ino).map { records[$0].kind }
+    }
+
     private func position(of ino: InodeNumber) -> Int? {
         records.withUnsafeBufferPointer { all in index.find(ino) { all[$0].ino } }
     }

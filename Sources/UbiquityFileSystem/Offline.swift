@@ -235,7 +235,7 @@ extension UbiquityFileSystem {
                 else { dropped.append("removal of extended attribute \(String(decoding: name, as: UTF8.self)) of inode \(ino)") }
             case .putDirent(let d):
                 if let saved = s.node(d.child), saved.kind == .regular, let target = now.children[d.parent]?[d.name],
-                   target != d.child, now.nodes[target]?.kind == .regular, let (from, fromName) = now.firstName(of: d.child),
+                   target != d.child, now.nodes.kind(of: target) == .regular, let (from, fromName) = now.firstName(of: d.child),
                    batch.mutations.contains(.deleteDirent(parent: from, name: fromName)), s.node(d.parent)?.kind == .directory {
                     // An atomic save (a temporary file renamed over the original) over a file
                     // another machine changed meanwhile: the saved file goes beside the

@@ -81,7 +81,7 @@ struct ViewPolicy: Sendable {
     /// Levels of folders below `dir` (0 if it holds no folder).
     func height(of dir: InodeNumber, in ns: Namespace) -> Int {
         var best = 0
-        for child in (ns.children[dir] ?? [:]).values where ns.nodes[child]?.kind == .directory {
+        for child in (ns.children[dir] ?? [:]).values where ns.nodes.kind(of: child) == .directory {
             best = max(best, 1 + height(of: child, in: ns))
         }
         return best
