@@ -59,7 +59,7 @@ final class Namespace: @unchecked Sendable {
         // Sized up front: growing a table of a million entries rehashes it some twenty times.
         nodes.reserveCapacity(snapshot.nodes.count)
         chunks.reserveCapacity(snapshot.currentVersions.count)
-        for n in snapshot.nodes { nodes.put(n, change: snapshot.nodeChanges[n.ino] ?? 0) }
+        for (i, n) in snapshot.nodes.enumerated() { nodes.put(n, change: snapshot.change(ofNodeAt: i)) }
         for d in snapshot.dirents {
             children[d.parent, default: [:]][d.name] = d.child
             if nodes.kind(of: d.child) == .directory { parent[d.child] = d.parent }

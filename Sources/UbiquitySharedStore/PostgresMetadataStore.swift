@@ -128,11 +128,12 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             var s = StoreSnapshot()
             let nodes = try c.query("SELECT \(Self.nodeColumns), change_seq FROM ubiquityfs.nodes ORDER BY ino")
             s.nodes.reserveCapacity(nodes.count)
+            s.nodeChangeSeqs.reserveCapacity(nodes.count)
             let containers = TextInterner()
             for i in 0..<nodes.count {
                 let n = try node(nodes, i, containers: containers)
                 s.nodes.append(n)
-                s.nodeChanges[n.ino] = nodes.int(i, 15)
+                s.nodeChangeSeqs.append(nodes.int(i, 15))
             }
             let dirents = try c.query("SELECT parent, name, child FROM ubiquityfs.dirents")
             s.dirents.reserveCapacity(dirents.count)

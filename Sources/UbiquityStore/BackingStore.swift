@@ -424,9 +424,22 @@ public struct StoreSnapshot: Sendable {
     public var maxVersion: VersionID = 0
     /// The change log position this snapshot reflects: `changes(since: seq)` continues from it.
     public var seq: ChangeSeq = 0
-    /// The commit that last put each node (what `Expectation.nodeAt` compares).
-    public var nodeChanges: [InodeNumber: ChangeSeq] = [:]
+    /// The commit that last put each of `nodes`, in the same order (what `Expectation.nodeAt`
+    /// compares); 0, or missing at the end, where not known. An array beside the nodes, not a
+    /// dictionary by inode number: a million-node load spent a sixth of its time hashing into one.
+    public var nodeChangeSeqs: [ChangeSeq] = []
     public init() {}
+
+    /// The commit that last put `nodes[i]` (0: not known).
+    public func change(ofNodeAt i: Int) -> ChangeSeq { i < nodeChangeSeqs.count ? nodeChangeSeqs[i] : 0 }
+
+    /// The same by inode number, built at each call (for checks and tests, not per node).
+    public func nodeChangesByIno() -> [InodeNumber: ChangeSeq] {
+        var out: [InodeNumber: ChangeSeq] = [:]
+        out.reserveCapacity(nodes.count)
+        for (i, n) in nodes.enumerated() { out[n.ino] = change(ofNodeAt: i) }
+        return out
+    }
 }
 
 /// The store assumes several writers (daemons of several views and devices): ids come from the

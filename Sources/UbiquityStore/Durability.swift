@@ -100,12 +100,13 @@ public final class LocalDurability: Durability, @unchecked Sendable {
                 }
             }
             if !fromLog {
-                for n in snapshot.nodes where n.kind == .regular {
-                    let change = snapshot.nodeChanges[n.ino] ?? 0
+                for (i, n) in snapshot.nodes.enumerated() where n.kind == .regular {
+                    let change = snapshot.change(ofNodeAt: i)
                     if change > synced || (legacy && (n.currentVersion ?? 0) > legacySynced) { candidates[n.ino] = .some(nil) }
                 }
             }
             let nodes = Dictionary(snapshot.nodes.map { ($0.ino, $0) }, uniquingKeysWith: { a, _ in a })
+            let changes = snapshot.nodeChangesByIno()
             var whole: [BlobID: Bool] = [:]
             // A chunk counts as lost only if it fails twice (a read error is not a loss).
             func isWhole(_ v: VersionRecord) -> Bool {
@@ -119,7 +120,7 @@ public final class LocalDurability: Durability, @unchecked Sendable {
             var checked = 0
             for (ino, ids) in candidates.sorted(by: { $0.key < $1.key }) {
                 guard let n = nodes[ino], n.kind == .regular else { continue }
-                let change = snapshot.nodeChanges[ino] ?? 0
+                let change = changes[ino] ?? 0
                 let all = try metadata.versions(of: ino)
                 let suspects = all.filter { ids == nil || ids!.contains($0.id) }
                 checked += suspects.count

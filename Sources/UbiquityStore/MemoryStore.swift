@@ -76,7 +76,7 @@ public final class MemoryMetadataStore: MetadataStore, @unchecked Sendable {
         snapshot.maxIno = s.maxIno
         snapshot.maxVersion = s.maxVersion
         snapshot.seq = s.seq
-        snapshot.nodeChanges = s.nodeChanges
+        snapshot.nodeChangeSeqs = snapshot.nodes.map { s.nodeChanges[$0.ino] ?? 0 }
         return snapshot
     }
 

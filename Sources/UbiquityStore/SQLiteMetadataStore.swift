@@ -482,7 +482,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             try run("SELECT \(Self.nodeColumns), change_seq FROM nodes ORDER BY ino", row: { (r) throws(StoreError) in
                 let n = try decodeNode(r, containers: containers)
                 s.nodes.append(n)
-                s.nodeChanges[n.ino] = r.int(15)
+                s.nodeChangeSeqs.append(r.int(15))
             })
             try run("SELECT parent, name, child FROM dirents", row: { r in
                 s.dirents.append(DirentRecord(parent: r.uint(0), name: r.blob(1), child: r.uint(2)))
@@ -546,8 +546,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try run("DELETE FROM \(table)")
             }
             var maxIno: UInt64 = 0, maxVersion: Int64 = 0
-            for n in snapshot.nodes {
-                try apply(.putNode(n), seq: snapshot.nodeChanges[n.ino] ?? 0, maxIno: &maxIno, maxVersion: &maxVersion)
+            for (i, n) in snapshot.nodes.enumerated() {
+                try apply(.putNode(n), seq: snapshot.change(ofNodeAt: i), maxIno: &maxIno, maxVersion: &maxVersion)
             }
             for d in snapshot.dirents { try apply(.putDirent(d), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }
             for x in snapshot.xattrs { try apply(.putXattr(x), seq: 0, maxIno: &maxIno, maxVersion: &maxVersion) }

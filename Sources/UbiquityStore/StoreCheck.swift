@@ -50,7 +50,7 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
         if child.kind == .directory { subfolders[d.parent, default: 0] += 1 }
     }
 
-    for n in snapshot.nodes {
+    for (i, n) in snapshot.nodes.enumerated() {
         let count = names[n.ino] ?? 0
         switch n.kind {
         case .directory:
@@ -81,7 +81,8 @@ public func checkStore(_ store: BackingStore, full: Bool) throws(StoreError) -> 
         }
         if n.kind == .symlink && n.target.isEmpty { problem("symbolic link \(n.ino) has no target") }
         if n.ino > snapshot.maxIno { problem("inode \(n.ino) is above the store's highest inode number \(snapshot.maxIno)") }
-        if let seq = snapshot.nodeChanges[n.ino], seq > snapshot.seq {
+        let seq = snapshot.change(ofNodeAt: i)
+        if seq > snapshot.seq {
             problem("inode \(n.ino) was last changed at \(seq), after the change log's end \(snapshot.seq)")
         }
     }

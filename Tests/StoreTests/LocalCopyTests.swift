@@ -53,7 +53,7 @@ final class LocalCopyTests: XCTestCase {
         replica.committed(edit)
         assertSameContent(try XCTUnwrap(replica.load()), try server.load())
         XCTAssertEqual(try replica.load()?.seq, edit.seq)
-        XCTAssertEqual(try replica.load()?.nodeChanges, try server.load().nodeChanges)
+        XCTAssertEqual(try replica.load()?.nodeChangesByIno(), try server.load().nodeChangesByIno())
         XCTAssertEqual(replica.version(21)?.size, Sample.version(21, ino: 2).size)
         XCTAssertNil(replica.version(20), "only current versions are kept")
 

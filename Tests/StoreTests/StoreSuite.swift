@@ -204,7 +204,7 @@ enum StoreSuite {
                                         .putContainer(Sample.containerRecord(root: 1)), .setMeta(key: "r", value: "1")],
                                        expecting: [.nameFree(parent: 1, name: name)], writer: "A"), durable: false)
         let before = try m.load()
-        XCTAssertEqual(before.nodeChanges[2], first)
+        XCTAssertEqual(before.nodeChangesByIno()[2], first)
         let bad: [Expectation] = [
             .nameFree(parent: 1, name: name),
             .nameIs(parent: 1, name: name, child: 3),
@@ -235,7 +235,7 @@ enum StoreSuite {
                                    .metaIs(key: "r", value: "1"), .metaIs(key: "absent", value: nil)]
         let second = try m.commit(Batch([.putNode(Sample.node(2, size: 5))], expecting: good), durable: false)
         XCTAssertEqual(second, first + 1)
-        XCTAssertEqual(try m.load().nodeChanges[2], second)
+        XCTAssertEqual(try m.load().nodeChangesByIno()[2], second)
         XCTAssertThrowsError(try m.commit(Batch([.putNode(Sample.node(2))], expecting: [.nodeAt(ino: 2, change: first)]),
                                           durable: false), "the node moved on")
     }

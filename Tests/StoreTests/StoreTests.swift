@@ -282,7 +282,7 @@ final class EmbeddedStoreTests: XCTestCase {
             XCTAssertEqual(try m.versions(of: 40), [version7])
             let s = try m.load()
             XCTAssertEqual(s.nodes.map(\.ino), [40])
-            XCTAssertEqual(s.nodeChanges[40], 0)
+            XCTAssertEqual(s.nodeChangesByIno()[40], 0)
             XCTAssertEqual(s.seq, 0)
             let seq = try m.commit(Batch([.putNode(Sample.node(41))], expecting: [.nodeAt(ino: 40, change: 0)]), durable: true)
             XCTAssertEqual(seq, 1)
