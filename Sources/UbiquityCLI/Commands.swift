@@ -552,15 +552,26 @@ let unmountCommand = Subcommand(
         }
         // The daemon publishes pending work after the kernel lets go; wait for it to finish.
         if let pid {
-            for _ in 0..<600 {
-                if kill(pid, 0) != 0 && errno == ESRCH { return ExitCode.success }
-                usleep(100_000)
+            for _ in 0..<1200 {
+                if hasExited(pid) { return ExitCode.success }
+                usleep(50_000)
             }
             writeError("ubiquityfs unmount: unmounted, but daemon \(pid) is still publishing after 60 s")
             return ExitCode.failure
         }
         return ExitCode.success
     })
+
+/// Whether process `pid` has ended: gone, or a zombie. A detached daemon's parent is init, and
+/// an init that reaps late (one container's took 1.2 s) left `unmount` waiting on a process
+/// that had finished all its work.
+func hasExited(_ pid: pid_t) -> Bool {
+    if kill(pid, 0) != 0 { return errno == ESRCH }
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return false }
+    let state = stat[stat.index(after: close)...].drop { $0 == " " }.first
+    return state == "Z" || state == "X"
+}
 
 func isMounted(_ path: String) -> Bool {
     guard let mounts = try? String(contentsOfFile: "/proc/self/mounts", encoding: .utf8) else { return false }

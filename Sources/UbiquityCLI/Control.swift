@@ -288,7 +288,7 @@ final class ControlServer: @unchecked Sendable {
     private func removeStaleSockets(in dir: String) {
         for name in (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? [] where name.hasSuffix(".sock") {
             guard let pid = pid_t(name.dropLast(5)) else { continue }
-            if kill(pid, 0) != 0 && errno == ESRCH { unlink(dir + "/" + name) }
+            if hasExited(pid) { unlink(dir + "/" + name) }
         }
     }
 }

@@ -380,7 +380,7 @@ private final class TransferMount {
         // (the unmount is EBUSY), so it is tried again for a while.
         for m in mounts where m.hasPrefix(store + Self.privatePrefix) {
             let owner = pid_t(m.dropFirst(store.count + Self.privatePrefix.count)) ?? 0
-            guard owner <= 0 || (kill(owner, 0) != 0 && errno == ESRCH) else { continue }
+            guard owner <= 0 || hasExited(owner) else { continue }
             var tries = 0
             while isMounted(m), tries < 40 {
                 if runProgram(runningBinary(), ["unmount", m]) == 0 { break }
