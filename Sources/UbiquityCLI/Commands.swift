@@ -284,9 +284,8 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         close(readyFD)
     }
 
-    // The snapshot the namespace was built from (a second array of every node record and name
-    // entry; the bytes they point to are shared) is freed by now: its pages go back at once,
-    // not at the first 10 s tick.
+    // The snapshot the namespace was built from (a second copy of every node record and name
+    // entry) is freed by now: its pages go back at once, not at the first 10 s tick.
     returnFreedMemory()
     let publisher = IdlePublisher(fs: fs)
     publisher.start()

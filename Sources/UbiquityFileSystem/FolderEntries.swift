@@ -11,7 +11,9 @@
 //
 // Names are hashed with the standard library's `Hasher`, seeded per process, as a dictionary's
 // keys are: names come from users, and a fixed hash would let chosen names make one folder's
-// look-ups slow.
+// look-ups slow. A name too long for a slot's 16-bit length (the kernel passes at most 1,024
+// bytes, but a damaged store or another writer may hold anything) goes to a plain dictionary
+// beside the table, so that no name in a store keeps a daemon from starting.
 
 import Foundation
 import UbiquityStore
@@ -25,6 +27,8 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
     private var occupied = 0
     /// Bytes of `bytes` that belong to removed names.
     private var garbage = 0
+    /// Entries whose names are longer than a slot can say.
+    private var long: [[UInt8]: InodeNumber] = [:]
 
     private struct Slot {
         var offset: UInt32 = 0
@@ -49,6 +53,7 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
 
     subscript(name: [UInt8]) -> InodeNumber? {
         get {
+            if name.count > Self.slotNameLimit { return long[name] }
             guard let i = find(name, hash(name)) else { return nil }
             return slots[i].child
         }
@@ -59,6 +64,12 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
 
     @discardableResult
     mutating func removeValue(forKey name: [UInt8]) -> InodeNumber? {
+        if name.count > Self.slotNameLimit {
+            guard let child = long.removeValue(forKey: name) else { return nil }
+            count -= 1
+            if count == 0 { self = FolderEntries() }
+            return child
+        }
         guard let i = find(name, hash(name)) else { return nil }
         let child = slots[i].child
         slots[i].state = Slot.removed
@@ -73,9 +84,7 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
     }
 
     /// The children, in no particular order.
-    var values: some Sequence<InodeNumber> {
-        slots.lazy.filter { $0.state == Slot.live }.map(\.child)
-    }
+    var values: some Sequence<InodeNumber> { lazy.map { $0.value } }
 
     /// The names, in no particular order.
     var keys: some Sequence<[UInt8]> { lazy.map { $0.key } }
@@ -83,19 +92,35 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
     /// A name of `child` here, if it has one (a scan).
     func name(of child: InodeNumber) -> [UInt8]? {
         slots.first { $0.state == Slot.live && $0.child == child }.map { nameBytes($0) }
+            ?? long.first { $0.value == child }?.key
     }
 
     /// Every name of `child` here (a scan).
     func names(of child: InodeNumber) -> [[UInt8]] {
         slots.filter { $0.state == Slot.live && $0.child == child }.map { nameBytes($0) }
+            + long.filter { $0.value == child }.map(\.key)
     }
 
-    func makeIterator() -> some IteratorProtocol<(key: [UInt8], value: InodeNumber)> {
-        slots.lazy.filter { $0.state == Slot.live }.map { (key: nameBytes($0), value: $0.child) }.makeIterator()
+    func makeIterator() -> Iterator { Iterator(entries: self, rest: long.makeIterator()) }
+
+    /// The slots' entries, then the long names'.
+    struct Iterator: IteratorProtocol {
+        fileprivate let entries: FolderEntries
+        fileprivate var slot = 0
+        fileprivate var rest: [[UInt8]: InodeNumber].Iterator
+
+        mutating func next() -> (key: [UInt8], value: InodeNumber)? {
+            while slot < entries.slots.count {
+                let s = entries.slots[slot]
+                slot += 1
+                if s.state == Slot.live { return (entries.nameBytes(s), s.child) }
+            }
+            return rest.next()
+        }
     }
 
     static func == (a: FolderEntries, b: FolderEntries) -> Bool {
-        guard a.count == b.count else { return false }
+        guard a.count == b.count, a.long == b.long else { return false }
         for s in a.slots where s.state == Slot.live {
             let found = a.bytes.withUnsafeBufferPointer { all in
                 b.find(UnsafeBufferPointer(rebasing: all[Int(s.offset)..<Int(s.offset) + Int(s.length)]))
@@ -106,6 +131,9 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
     }
 
     // MARK: The table
+
+    /// Names longer than this go to `long`.
+    static let slotNameLimit = Int(UInt16.max)
 
     private func nameBytes(_ s: Slot) -> [UInt8] {
         Array(bytes[Int(s.offset)..<Int(s.offset) + Int(s.length)])
@@ -133,15 +161,18 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
 
     /// The slot holding `name`, if any.
     private func find(_ name: UnsafeBufferPointer<UInt8>, _ hash: Int) -> Int? {
-        guard !slots.isEmpty, !name.isEmpty else { return nil }
+        guard !slots.isEmpty else { return nil }
         let mask = slots.count - 1, tag = Self.tag(hash)
         var i = hash & mask
         return bytes.withUnsafeBufferPointer { all -> Int? in
             while true {
                 let s = slots[i]
                 if s.state == Slot.empty { return nil }
+                // Bytes are compared only for a name of one or more bytes whose live slot has as
+                // many: that slot's bytes are in `bytes`, so neither base address is nil, and
+                // offset + length stays within `bytes` (set when the name was copied in).
                 if s.state == Slot.live && s.tag == tag && Int(s.length) == name.count
-                    && memcmp(all.baseAddress! + Int(s.offset), name.baseAddress!, name.count) == 0 {
+                    && (name.isEmpty || memcmp(all.baseAddress! + Int(s.offset), name.baseAddress!, name.count) == 0) {
                     return i
                 }
                 i = (i + 1) & mask
@@ -150,7 +181,10 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
     }
 
     private mutating func insert(_ name: [UInt8], _ child: InodeNumber) {
-        precondition(!name.isEmpty && name.count <= Int(UInt16.max), "a folder entry's name is empty or too long")
+        if name.count > Self.slotNameLimit {
+            if long.updateValue(child, forKey: name) == nil { count += 1 }
+            return
+        }
         let h = hash(name)
         if let i = find(name, h) {
             slots[i].child = child
@@ -182,6 +216,7 @@ struct FolderEntries: Sequence, Equatable, ExpressibleByDictionaryLiteral {
         occupied = 0
         garbage = 0
         let mask = capacity - 1
+        // Each live slot's offset and length were set when its name was copied into `oldBytes`.
         oldBytes.withUnsafeBufferPointer { all in
             for s in old where s.state == Slot.live {
                 let name = UnsafeBufferPointer(rebasing: all[Int(s.offset)..<Int(s.offset) + Int(s.length)])

@@ -2,8 +2,8 @@
 //
 // A `[InodeNumber: NodeRecord]` keeps a 128-byte slot per bucket, and a hash table sized for a
 // million entries has two million buckets (it never fills past three quarters): 268 MB, half of
-// it empty. Here the records sit in one array, without gaps, and a `PositionIndex` holds only
-// their positions (about 8 bytes a node). A removal moves the last record into the hole.
+// it empty. Here the records sit in one array, without gaps, found by a `PositionIndex` that
+// holds only their positions (about 8 bytes a node): a `DenseRecords`.
 //
 // Each record is packed into 88 bytes, the commit that last put it (what a batch's
 // `Expectation.nodeAt` compares) included, where a `NodeRecord` takes 120 and the commit 8 more:
@@ -14,15 +14,14 @@
 import UbiquityStore
 
 struct NodeTable: Sequence {
-    private var index = PositionIndex()
-    private var records: [Packed] = []
+    private var records = DenseRecords<Packed>()
     /// `rdev` and `target` of the nodes that have either.
     private var extras: [InodeNumber: Extra] = [:]
     /// The container identifiers records refer to by number (never shrinks: there are few).
     private var containerNames: [String] = []
     private var containerNumbers: [String: UInt32] = [:]
 
-    private struct Packed {
+    private struct Packed: InodeKeyed {
         var ino: InodeNumber
         var size: UInt64
         var atime: Int64
@@ -56,49 +55,27 @@ struct NodeTable: Sequence {
     static var recordStride: Int { MemoryLayout<Packed>.stride }
 
     var count: Int { records.count }
-    var isEmpty: Bool { records.isEmpty }
+    var isEmpty: Bool { records.count == 0 }
     /// Every node, in no particular order.
-    var values: [NodeRecord] { records.map(unpack) }
+    var values: [NodeRecord] { records.all.map(unpack) }
 
     mutating func reserveCapacity(_ n: Int) {
         records.reserveCapacity(n)
-        withIndex { index, keys in index.reserveCapacity(n, keys: keys) }
     }
 
     subscript(ino: InodeNumber) -> NodeRecord? {
-        position(of: ino).map { unpack(records[$0]) }
+        records.position(of: ino).map { unpack(records[$0]) }
     }
 
     /// The kind of node `ino`, without building its record (the namespace's load asks it of every
     /// folder entry).
     func kind(of ino: InodeNumber) -> NodeKind? {
-        position(of: ino).map { records[$0].kind }
-    }
-
-    private func position(of ino: InodeNumber) -> Int? {
-        records.withUnsafeBufferPointer { all in index.find(ino) { all[$0].ino } }
-    }
-
-    /// `body` with the index and the records' keys. The index is moved out while `body` changes
-    /// it (no copy: it is the only reference to its storage), so that the records can be read
-    /// meanwhile.
-    private mutating func withIndex<R>(_ body: (inout PositionIndex, (Int) -> InodeNumber) -> R) -> R {
-        var moved = index
-        index = PositionIndex()
-        defer { index = moved }
-        return records.withUnsafeBufferPointer { all in body(&moved) { all[$0].ino } }
+        records.position(of: ino).map { records[$0].kind }
     }
 
     mutating func remove(_ ino: InodeNumber) {
-        guard let i = withIndex({ index, keys in index.remove(ino, keys: keys) }) else { return }
-        if records[i].flags & Packed.hasExtra != 0 { extras[ino] = nil }
-        let last = records.count - 1
-        if i < last {
-            let moving = records[last].ino
-            withIndex { index, keys in index.move(moving, to: i, keys: keys) }
-            records[i] = records[last]
-        }
-        records.removeLast()
+        guard let removed = records.remove(ino) else { return }
+        if removed.flags & Packed.hasExtra != 0 { extras[ino] = nil }
     }
 
     /// Put `n` (new or replacing the node of its number), as put by commit `change`.
@@ -107,29 +84,26 @@ struct NodeTable: Sequence {
         if packed.flags & Packed.hasExtra != 0 {
             extras[n.ino] = Extra(rdev: n.rdev, target: n.target)
         }
-        if let i = position(of: n.ino) {
+        if let i = records.position(of: n.ino) {
             if records[i].flags & Packed.hasExtra != 0 && packed.flags & Packed.hasExtra == 0 { extras[n.ino] = nil }
             records[i] = packed
         } else {
             records.append(packed)
-            let at = records.count - 1
-            withIndex { index, keys in index.insert(n.ino, at: at, keys: keys) }
         }
     }
 
     /// The commit that last put node `ino` (0 if not known), nil if there is no such node.
     func change(of ino: InodeNumber) -> ChangeSeq? {
-        position(of: ino).map { records[$0].change }
+        records.position(of: ino).map { records[$0].change }
     }
 
     /// Its buffers (see `Namespace.storageIdentity`).
     var storageIdentity: [UInt] {
-        func bits<T>(_ x: T) -> UInt { withUnsafeBytes(of: x) { $0.load(as: UInt.self) } }
-        return [index.storageIdentity, bits(records), bits(extras)]
+        records.storageIdentity + [withUnsafeBytes(of: extras) { $0.load(as: UInt.self) }]
     }
 
     func makeIterator() -> some IteratorProtocol<(key: InodeNumber, value: NodeRecord)> {
-        records.lazy.map { (key: $0.ino, value: unpack($0)) }.makeIterator()
+        records.all.lazy.map { (key: $0.ino, value: unpack($0)) }.makeIterator()
     }
 
     private mutating func number(of container: String) -> UInt32 {

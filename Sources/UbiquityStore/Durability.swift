@@ -105,8 +105,11 @@ public final class LocalDurability: Durability, @unchecked Sendable {
                     if change > synced || (legacy && (n.currentVersion ?? 0) > legacySynced) { candidates[n.ino] = .some(nil) }
                 }
             }
-            let nodes = Dictionary(snapshot.nodes.map { ($0.ino, $0) }, uniquingKeysWith: { a, _ in a })
-            let changes = snapshot.nodeChangesByIno()
+            // Each node with the commit that last put it, by inode number.
+            var nodes: [InodeNumber: (node: NodeRecord, change: ChangeSeq)] = [:]
+            if !candidates.isEmpty {
+                for (i, n) in snapshot.nodes.enumerated() where nodes[n.ino] == nil { nodes[n.ino] = (n, snapshot.change(ofNodeAt: i)) }
+            }
             var whole: [BlobID: Bool] = [:]
             // A chunk counts as lost only if it fails twice (a read error is not a loss).
             func isWhole(_ v: VersionRecord) -> Bool {
@@ -119,8 +122,7 @@ public final class LocalDurability: Durability, @unchecked Sendable {
             }
             var checked = 0
             for (ino, ids) in candidates.sorted(by: { $0.key < $1.key }) {
-                guard let n = nodes[ino], n.kind == .regular else { continue }
-                let change = changes[ino] ?? 0
+                guard let (n, change) = nodes[ino], n.kind == .regular else { continue }
                 let all = try metadata.versions(of: ino)
                 let suspects = all.filter { ids == nil || ids!.contains($0.id) }
                 checked += suspects.count

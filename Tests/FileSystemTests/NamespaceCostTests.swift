@@ -128,18 +128,39 @@ final class NamespaceCostTests: XCTestCase {
         XCTAssertNil(links.name(of: 9))
         links[Array("other".utf8)] = nil
         XCTAssertNil(links.name(of: 8))
+        // Names no kernel passes, as a damaged store may hold them: empty, and too long for a slot.
+        let huge = [UInt8](repeating: UInt8(ascii: "h"), count: FolderEntries.slotNameLimit + 1)
+        var odd: FolderEntries = [[]: 3, huge: 4, Array("x".utf8): 5]
+        XCTAssertEqual(odd.count, 3)
+        XCTAssertEqual(odd[[]], 3)
+        XCTAssertEqual(odd[huge], 4)
+        XCTAssertEqual(odd.name(of: 4), huge)
+        XCTAssertEqual(Dictionary(uniqueKeysWithValues: odd.map { ($0.key, $0.value) }), [[]: 3, huge: 4, Array("x".utf8): 5])
+        XCTAssertEqual(odd, [huge: 4, Array("x".utf8): 5, []: 3])
+        odd[huge] = 6
+        XCTAssertEqual(odd[huge], 6)
+        XCTAssertEqual(odd.removeValue(forKey: huge), 6)
+        XCTAssertEqual(odd.removeValue(forKey: []), 3)
+        XCTAssertEqual(Array(odd.values), [5])
+        XCTAssertEqual(odd.removeValue(forKey: Array("x".utf8)), 5)
+        XCTAssertTrue(odd.isEmpty)
     }
 
     /// The position index finds every key its owner put, through growth, removals (which shift
-    /// later entries back) and moves, with keys dense, sparse and alike in their low bits.
+    /// later entries back) and moves, with keys dense, sparse, alike in their low bits, and
+    /// beside the ids the daemon makes above inode numbers (stand-ins from 2^62).
     func testPositionIndexFindsWhatWasPut() {
         var rng = SplitMix64(seed: 20261209)   // a failure repeats
-        for spread in [1, 1 << 20, 4096] as [UInt64] {
+        let layouts: [(UInt64) -> InodeNumber] = [
+            { 1 + $0 }, { 1 + $0 << 20 }, { 1 + $0 * 4096 }, { 1 + $0 << 48 },
+            { $0 % 2 == 0 ? 1 + $0 / 2 : (1 << 62) + $0 / 2 },
+        ]
+        for layout in layouts {
             var index = PositionIndex()
             var keys: [InodeNumber] = []       // the owner's records, dense
             var model: Set<InodeNumber> = []
             for step in 0..<30_000 {
-                let key = 1 + UInt64(rng.below(step < 20_000 ? 3_000 : 300)) * spread
+                let key = layout(UInt64(rng.below(step < 20_000 ? 3_000 : 300)))
                 if let i = keys.firstIndex(of: key) {
                     guard rng.below(2) == 0 else { continue }
                     XCTAssertEqual(keys.withUnsafeBufferPointer { all in index.remove(key) { all[$0] } }, i)
@@ -160,7 +181,7 @@ final class NamespaceCostTests: XCTestCase {
                     for (i, k) in keys.enumerated() {
                         XCTAssertEqual(keys.withUnsafeBufferPointer { all in index.find(k) { all[$0] } }, i)
                     }
-                    XCTAssertNil(keys.withUnsafeBufferPointer { all in index.find(spread * 5_000 + 2) { all[$0] } })
+                    XCTAssertNil(keys.withUnsafeBufferPointer { all in index.find(layout(5_000)) { all[$0] } })
                 }
             }
             XCTAssertEqual(Set(keys), model)
@@ -206,5 +227,13 @@ final class NamespaceCostTests: XCTestCase {
         for (i, c) in counts { XCTAssertEqual(refs.drop(i, count: c), c) }
         XCTAssertEqual(refs.count, 0)
         XCTAssertNil(refs.name(of: 2))
+        // A name a record cannot say (from a damaged store, in a listing) leaves no hint.
+        refs.add(9, parent: 1, name: Array("kept".utf8))
+        refs.add(9, parent: 1, name: [UInt8](repeating: 0x61, count: 70_000))
+        XCTAssertEqual(refs.references(to: 9), 2)
+        XCTAssertNil(refs.name(of: 9))
+        refs.add(9, parent: 1, name: [])
+        XCTAssertNil(refs.name(of: 9))
+        XCTAssertEqual(refs.drop(9, count: 3), 3)
     }
 }
