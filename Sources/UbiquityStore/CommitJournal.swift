@@ -14,6 +14,15 @@
 // daemon and is removed once its records are in the store. Frame: payload length (u32), FNV-1a
 // checksum of the payload (u64), payload (`BatchCoding.encodeRecord`), little endian. A torn last
 // frame (the daemon died inside the write) was never acknowledged, and ends the journal.
+//
+// Every write transaction must look for other daemons' records, and listing the folder each time
+// was most of what opening a group cost an isolated change. So a daemon watches the folder
+// (inotify): another journal can only appear by a create or a rename into it, and a daemon that
+// dies closes its journal, which it opened for writing. While the last listing found no journal
+// but the daemon's own and the watch has reported nothing since, there is nothing to look for.
+// Every daemon of an embedded store runs on one machine (SQLite's WAL needs memory they share),
+// so every change to the folder raises an event here. Without a watch (no inotify instance to be
+// had) every look lists the folder.
 
 import Foundation
 #if canImport(Glibc)
@@ -33,6 +42,12 @@ final class CommitJournal: @unchecked Sendable {
     /// A failed append could not be cut off again: later frames would be unreadable behind it,
     /// so nothing is appended until the next `reset`.
     private(set) var broken = false
+    /// The folder's inotify watch (-1: none; see the top of this file).
+    private let watchFD: Int32
+    /// The last listing found no journal but this one, and the watch has reported nothing since.
+    private var alone = false
+    /// How many times the folder was listed (what the watch saves, shown by a test).
+    private(set) var listings = 0
 
     init(folder: String) throws(StoreError) {
         try makeDirectories(folder, mode: 0o700)
@@ -59,12 +74,59 @@ final class CommitJournal: @unchecked Sendable {
         self.folder = folder
         self.path = path
         self.fd = fd
+        watchFD = Self.watch(folder)
     }
 
     deinit {
         // Empty: every record is in the store. Otherwise the next writer applies them.
         if size == 0 && !broken { unlink(path) }
         close(fd)
+        if watchFD >= 0 { close(watchFD) }
+    }
+
+    /// A watch for what can bring another journal into `folder`, or -1.
+    private static func watch(_ folder: String) -> Int32 {
+        let fd = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
+        guard fd >= 0 else { return -1 }
+        if inotify_add_watch(fd, folder, UInt32(IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR)) < 0 {
+            close(fd)
+            return -1
+        }
+        return fd
+    }
+
+    /// Whether a listing of the folder might find another daemon's journal.
+    fileprivate func othersPossible() -> Bool {
+        guard alone, watchFD >= 0 else { return true }
+        if drained() { alone = false }
+        return !alone
+    }
+
+    /// Consumes the watch's events: whether there were any (or they could not be read).
+    private func drained() -> Bool {
+        var any = false
+        return withUnsafeTemporaryAllocation(byteCount: 4096, alignment: 8) { buffer -> Bool in
+            while true {
+                let n = read(watchFD, buffer.baseAddress, buffer.count)
+                if n > 0 {
+                    any = true
+                } else if n < 0 && errno == EINTR {
+                    continue
+                } else {
+                    return any || !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                }
+            }
+        }
+    }
+
+    /// Lists the folder (nil: it could not be read), noting whether it found only this journal.
+    /// The watch is drained first: what happens from here on is reported to the next look.
+    fileprivate func list() -> [String]? {
+        if watchFD >= 0 { _ = drained() }
+        listings += 1
+        let names = Self.names(in: folder)
+        alone = names?.allSatisfy { folder + "/" + $0 == path } ?? false
+        return names
     }
 
     /// Appends one record. On failure the file is as it was (or `broken`).
@@ -113,8 +175,9 @@ final class CommitJournal: @unchecked Sendable {
     /// `own`'s only when `includeOwn`. Empty journals of dead daemons, and files a daemon died
     /// before naming, are removed on the way.
     static func pending(in folder: String, own: CommitJournal?, includeOwn: Bool) -> [Found] {
+        if let own, !includeOwn, !own.othersPossible() { return [] }
         var found: [Found] = []
-        for name in names(in: folder) {
+        for name in (own.map { $0.list() } ?? names(in: folder)) ?? [] {
             let path = folder + "/" + name
             let isOwn = path == own?.path
             if isOwn && !includeOwn { continue }
@@ -153,7 +216,8 @@ final class CommitJournal: @unchecked Sendable {
     /// Whether `folder` holds a dead daemon's journal with records (cheap enough to ask at each
     /// poll of the change feed: a file name and a size per daemon).
     static func orphanExists(in folder: String, own: CommitJournal?) -> Bool {
-        for name in names(in: folder) where name.hasSuffix(suffix) {
+        if let own, !own.othersPossible() { return false }
+        for name in (own.map { $0.list() } ?? names(in: folder)) ?? [] where name.hasSuffix(suffix) {
             let path = folder + "/" + name
             var st = stat()
             guard path != own?.path, lstat(path, &st) == 0, st.st_size > 0 else { continue }
@@ -167,8 +231,8 @@ final class CommitJournal: @unchecked Sendable {
 
     /// The journals and unnamed journals in `folder` (readdir: FileManager's listing cost a
     /// fifth of an isolated create, whose group opens with this).
-    static func names(in folder: String) -> [String] {
-        guard let dir = opendir(folder) else { return [] }
+    static func names(in folder: String) -> [String]? {
+        guard let dir = opendir(folder) else { return nil }
         defer { closedir(dir) }
         var names: [String] = []
         while let entry = readdir(dir) {

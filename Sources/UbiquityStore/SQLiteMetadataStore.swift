@@ -908,6 +908,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    /// How many times this daemon listed its journal folder.
+    var journalListings: Int { mutex.withLock { journal?.listings ?? 0 } }
+
     /// Commits the open group ~2 ms after it opened (or sooner, a timer of a group closed early
     /// being still armed), so that other daemons of the store (waiting on the write lock) and
     /// readers are not held back by a quiet writer.

@@ -112,6 +112,48 @@ final class GroupCommitTests: XCTestCase {
         XCTAssertEqual(try nodes(root + "/c"), Array(2...12), "committed, not only read")
     }
 
+    /// A daemon alone on its store lists the journal folder once, not at every group: it
+    /// watches the folder, and lists it again when a journal comes in (made there, or renamed
+    /// into it) — whose records it then applies before its own.
+    func testADaemonAloneListsItsJournalFolderOnlyWhenAJournalMayHaveComeIn() throws {
+        _ = try killedWithGroupOpen()
+        let name = try restore(into: root + "/b", journal: false)
+        let b = try daemon(root + "/b")
+        XCTAssertEqual(try b.changes(since: 1), [], "a poll lists the folder: only its own journal")
+        let listed = b.journalListings
+        XCTAssertGreaterThan(listed, 0)
+        _ = try b.changes(since: 1)
+        XCTAssertEqual(b.journalListings, listed, "nothing came in: no listing")
+
+        // A dead daemon's journal renamed into the folder (as a starting daemon names its own).
+        try FileManager.default.copyItem(atPath: root + "/saved/journal/" + name, toPath: root + "/b/" + name)
+        try FileManager.default.moveItem(atPath: root + "/b/" + name, toPath: root + "/b/journal/" + name)
+        let seq = try b.commit(Batch([.deleteDirent(parent: 2, name: Array("f12".utf8))],
+                                     expecting: [.nameIs(parent: 2, name: Array("f12".utf8), child: 12)], writer: "b"),
+                               durable: false)
+        XCTAssertEqual(seq, 12, "the dead daemon's ten records first")
+        XCTAssertGreaterThan(b.journalListings, listed)
+        _ = try b.changes(since: 12)    // commits the group, and the dead journal goes
+        XCTAssertFalse(try journals(root + "/b").contains(name))
+
+        // Its own groups after that: at most one more listing (the folder changed), then none.
+        _ = try b.commit(Batch([.putNode(Sample.node(19))], writer: "b"), durable: false)
+        _ = try b.changes(since: 12)
+        let settled = b.journalListings
+        for ino in InodeNumber(20)..<25 {
+            _ = try b.commit(Batch([.putNode(Sample.node(ino))], writer: "b"), durable: false)
+            _ = try b.changes(since: 12)    // closes the group: the next commit opens another
+        }
+        XCTAssertEqual(b.journalListings, settled, "five groups, no listing")
+
+        // A journal made in the folder by a daemon starting beside it.
+        let other = try daemon(root + "/b")
+        _ = try b.commit(Batch([.putNode(Sample.node(30))], writer: "b"), durable: false)
+        XCTAssertGreaterThan(b.journalListings, settled)
+        withExtendedLifetime(other) {}
+        XCTAssertEqual(try nodes(root + "/b").filter { $0 >= 20 }, [20, 21, 22, 23, 24])
+    }
+
     /// A batch whose expectation fails inside a group is undone alone; the group goes on.
     func testAConflictInAGroupUndoesThatBatchAlone() throws {
         let a = try daemon(root + "/a")
