@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import XCTest
 @testable import UbiquityStore
 
@@ -190,6 +191,18 @@ final class GroupCommitTests: XCTestCase {
             }
         }
         XCTAssertEqual(try a.load().nodes.map(\.ino), [2, 3, 4])
+
+        // What the test suite runs with: the skipped ones checked too, a disagreement an error.
+        let logged = Mutex<[String]>([])
+        let b = try daemon(root + "/b", log: { line in logged.withLock { $0.append(line) } })
+        b.checksCurrentExpectations = true
+        XCTAssertEqual(try b.commit(Batch([.putNode(Sample.node(2))], writer: "b"), durable: false), 1)
+        XCTAssertThrowsError(try b.commit(batch(3, position: 1, read: true), durable: false)) { error in
+            XCTAssertEqual((error as? StoreError)?.kind, .corrupt)
+        }
+        XCTAssertTrue(logged.withLock { $0.contains { $0.contains("the model disagrees with the store at position 1") } })
+        XCTAssertEqual(try b.commit(Batch([.putNode(Sample.node(3))], expecting: [.nodeAt(ino: 2, change: 1)], writer: "b",
+                                          position: 1, expectationsReadAtPosition: true), durable: false), 2, "true ones pass")
     }
 
     /// A journal's records past a gap (the positions before them are not in the store, as after
