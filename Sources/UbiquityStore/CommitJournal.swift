@@ -17,11 +17,12 @@
 //
 // Every write transaction must look for other daemons' records, and listing the folder each time
 // was most of what opening a group cost an isolated change. So a daemon watches the folder
-// (inotify): another journal can only appear by a create or a rename into it, and a daemon that
-// dies closes its journal, which it opened for writing. While the last listing found no journal
-// but the daemon's own and the watch has reported nothing since, there is nothing to look for.
-// Every daemon of an embedded store runs on one machine (SQLite's WAL needs memory they share),
-// so every change to the folder raises an event here. Without a watch (no inotify instance to be
+// (inotify): another journal can only appear by a create or a rename into it. While the last
+// listing found no journal but the daemon's own and the watch has reported nothing since, there
+// is nothing to look for. (A journal that was there keeps the daemon listing until it is gone:
+// a death or a failed group commit raises no event.) Every daemon of an embedded store runs on
+// one machine and sees the folder through the same filesystem (SQLite's WAL needs memory they
+// share), so every such change raises an event here. Without a watch (no inotify instance to be
 // had) every look lists the folder.
 
 import Foundation
@@ -88,7 +89,7 @@ final class CommitJournal: @unchecked Sendable {
     private static func watch(_ folder: String) -> Int32 {
         let fd = inotify_init1(Int32(IN_NONBLOCK | IN_CLOEXEC))
         guard fd >= 0 else { return -1 }
-        if inotify_add_watch(fd, folder, UInt32(IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ONLYDIR)) < 0 {
+        if inotify_add_watch(fd, folder, UInt32(IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)) < 0 {
             close(fd)
             return -1
         }
@@ -119,13 +120,14 @@ final class CommitJournal: @unchecked Sendable {
         }
     }
 
-    /// Lists the folder (nil: it could not be read), noting whether it found only this journal.
-    /// The watch is drained first: what happens from here on is reported to the next look.
-    fileprivate func list() -> [String]? {
+    /// Lists the folder, noting whether it found only this journal (a listing cut short never
+    /// counts as that). The watch is drained first: what happens from here on is reported to
+    /// the next look.
+    fileprivate func list() -> [String] {
         if watchFD >= 0 { _ = drained() }
         listings += 1
-        let names = Self.names(in: folder)
-        alone = names?.allSatisfy { folder + "/" + $0 == path } ?? false
+        let (names, complete) = Self.names(in: folder)
+        alone = complete && names.allSatisfy { folder + "/" + $0 == path }
         return names
     }
 
@@ -177,7 +179,7 @@ final class CommitJournal: @unchecked Sendable {
     static func pending(in folder: String, own: CommitJournal?, includeOwn: Bool) -> [Found] {
         if let own, !includeOwn, !own.othersPossible() { return [] }
         var found: [Found] = []
-        for name in (own.map { $0.list() } ?? names(in: folder)) ?? [] {
+        for name in own.map({ $0.list() }) ?? names(in: folder).names {
             let path = folder + "/" + name
             let isOwn = path == own?.path
             if isOwn && !includeOwn { continue }
@@ -217,7 +219,7 @@ final class CommitJournal: @unchecked Sendable {
     /// poll of the change feed: a file name and a size per daemon).
     static func orphanExists(in folder: String, own: CommitJournal?) -> Bool {
         if let own, !own.othersPossible() { return false }
-        for name in (own.map { $0.list() } ?? names(in: folder)) ?? [] where name.hasSuffix(suffix) {
+        for name in own.map({ $0.list() }) ?? names(in: folder).names where name.hasSuffix(suffix) {
             let path = folder + "/" + name
             var st = stat()
             guard path != own?.path, lstat(path, &st) == 0, st.st_size > 0 else { continue }
@@ -231,17 +233,20 @@ final class CommitJournal: @unchecked Sendable {
 
     /// The journals and unnamed journals in `folder` (readdir: FileManager's listing cost a
     /// fifth of an isolated create, whose group opens with this).
-    static func names(in folder: String) -> [String]? {
-        guard let dir = opendir(folder) else { return nil }
+    /// `complete` is false where the folder could not be read to its end (what was read is kept).
+    static func names(in folder: String) -> (names: [String], complete: Bool) {
+        guard let dir = opendir(folder) else { return ([], false) }
         defer { closedir(dir) }
         var names: [String] = []
-        while let entry = readdir(dir) {
+        // readdir's nil is the end or an error: a listing cut short must not pass for whole.
+        while true {
+            errno = 0
+            guard let entry = readdir(dir) else { return (names, errno == 0) }
             let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
                 String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
             }
             if name.hasSuffix(suffix) || name.hasSuffix(".new") { names.append(name) }
         }
-        return names
     }
 
     /// The whole frames of `bytes`, up to the first torn or foreign one.

@@ -215,14 +215,17 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         journal = nil
         log = { _ in }
         groupNanoseconds = 0
+        checksCurrentExpectations = false
         versionColumns = columns
     }
 
     /// `journalFolder`: group non-durable commits, journaled there (the embedded store's daemons).
     /// `groupNanoseconds`: how long a group stays open at most (`.max`: until 64 batches or
     /// something else needs the connection; tests that stop a daemon with its group open).
+    /// `checksCurrentExpectations`: see the property (from the environment unless given).
     init(path: String, storeLock: StoreLock?, reserve: SpaceReserve? = nil, journalFolder: String? = nil,
-         groupNanoseconds: UInt64 = 2_000_000, log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
+         groupNanoseconds: UInt64 = 2_000_000, checksCurrentExpectations: Bool = checksCurrentExpectationsByDefault,
+         log: @escaping @Sendable (String) -> Void = { _ in }) throws(StoreError) {
         // Create the database 0600 ourselves: SQLite would make it 0644 (less the umask), and it
         // gives its -wal and -shm files the database's mode.
         let fd = retryEINTR { open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600) }
@@ -246,6 +249,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         self.log = log
         self.journal = journal
         self.groupNanoseconds = groupNanoseconds
+        self.checksCurrentExpectations = checksCurrentExpectations
         // A daemon that died with commits in its journal: they land first.
         if journal != nil { try mutex.withLock { () throws(StoreError) in try applyJournalsLocked() } }
     }
@@ -730,8 +734,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             } else if checksCurrentExpectations {
                 for e in batch.expectations {
                     do throws(StoreError) { try check(e) } catch where error.kind == .conflict {
-                        log("\(path): the model disagrees with the store at position \(g.lastSeq): \(error.message)")
-                        throw StoreError(.corrupt, "the model disagrees with the store at position \(g.lastSeq): \(error.message)")
+                        let why = "\(path): the model disagrees with the store at position \(g.lastSeq): \(error.message)"
+                        log(why)
+                        throw StoreError(.corrupt, why)
                     }
                 }
             }
@@ -920,8 +925,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// `UBIQUITYFS_CHECK_EXPECTATIONS=1`: expectations a model read at the log's last position
     /// (skipped: they hold by construction) are checked too, and a batch whose do not hold fails
     /// with the disagreement logged. The test suite runs with it, so that a model that drifts
-    /// from its store shows as a failure instead of a wrong commit. (Set before the store is used.)
-    var checksCurrentExpectations = ProcessInfo.processInfo.environment["UBIQUITYFS_CHECK_EXPECTATIONS"] == "1"
+    /// from its store shows as a failure instead of a wrong commit.
+    let checksCurrentExpectations: Bool
+    static var checksCurrentExpectationsByDefault: Bool {
+        ProcessInfo.processInfo.environment["UBIQUITYFS_CHECK_EXPECTATIONS"] == "1"
+    }
 
     /// How many times this daemon listed its journal folder.
     var journalListings: Int { mutex.withLock { journal?.listings ?? 0 } }

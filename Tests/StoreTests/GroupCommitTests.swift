@@ -22,9 +22,10 @@ final class GroupCommitTests: XCTestCase {
     }
 
     /// A daemon's store whose group stays open until something closes it.
-    private func daemon(_ folder: String, log: @escaping @Sendable (String) -> Void = { _ in }) throws -> SQLiteMetadataStore {
+    private func daemon(_ folder: String, checksCurrentExpectations: Bool = SQLiteMetadataStore.checksCurrentExpectationsByDefault,
+                        log: @escaping @Sendable (String) -> Void = { _ in }) throws -> SQLiteMetadataStore {
         try SQLiteMetadataStore(path: folder + "/metadata.sqlite3", storeLock: nil, journalFolder: folder + "/journal",
-                                groupNanoseconds: .max, log: log)
+                                groupNanoseconds: .max, checksCurrentExpectations: checksCurrentExpectations, log: log)
     }
 
     private func nodes(_ folder: String) throws -> [InodeNumber] {
@@ -175,7 +176,7 @@ final class GroupCommitTests: XCTestCase {
     /// say where its expectations come from, has them checked. (The expectation below is false
     /// on purpose: it shows which batches were checked.)
     func testExpectationsReadAtTheLogsLastPositionAreTakenAsTheyAre() throws {
-        let a = try daemon(root + "/a")
+        let a = try daemon(root + "/a", checksCurrentExpectations: false)
         XCTAssertEqual(try a.commit(Batch([.putNode(Sample.node(2))], writer: "a"), durable: false), 1)
         let stale: [Expectation] = [.nodeAt(ino: 2, change: 7)]
         func batch(_ ino: InodeNumber, position: ChangeSeq, read: Bool) -> Batch {
@@ -194,8 +195,7 @@ final class GroupCommitTests: XCTestCase {
 
         // What the test suite runs with: the skipped ones checked too, a disagreement an error.
         let logged = Mutex<[String]>([])
-        let b = try daemon(root + "/b", log: { line in logged.withLock { $0.append(line) } })
-        b.checksCurrentExpectations = true
+        let b = try daemon(root + "/b", checksCurrentExpectations: true, log: { line in logged.withLock { $0.append(line) } })
         XCTAssertEqual(try b.commit(Batch([.putNode(Sample.node(2))], writer: "b"), durable: false), 1)
         XCTAssertThrowsError(try b.commit(batch(3, position: 1, read: true), durable: false)) { error in
             XCTAssertEqual((error as? StoreError)?.kind, .corrupt)
