@@ -177,9 +177,9 @@ final class CommitJournal: @unchecked Sendable {
     /// `own`'s only when `includeOwn`. Empty journals of dead daemons, and files a daemon died
     /// before naming, are removed on the way.
     static func pending(in folder: String, own: CommitJournal?, includeOwn: Bool) -> [Found] {
-        if let own, !includeOwn, !own.othersPossible() { return [] }
+        guard let listing = look(in: folder, own: own, skipping: !includeOwn) else { return [] }
         var found: [Found] = []
-        for name in own.map({ $0.list() }) ?? names(in: folder).names {
+        for name in listing {
             let path = folder + "/" + name
             let isOwn = path == own?.path
             if isOwn && !includeOwn { continue }
@@ -218,8 +218,8 @@ final class CommitJournal: @unchecked Sendable {
     /// Whether `folder` holds a dead daemon's journal with records (cheap enough to ask at each
     /// poll of the change feed: a file name and a size per daemon).
     static func orphanExists(in folder: String, own: CommitJournal?) -> Bool {
-        if let own, !own.othersPossible() { return false }
-        for name in own.map({ $0.list() }) ?? names(in: folder).names where name.hasSuffix(suffix) {
+        guard let listing = look(in: folder, own: own, skipping: true) else { return false }
+        for name in listing where name.hasSuffix(suffix) {
             let path = folder + "/" + name
             var st = stat()
             guard path != own?.path, lstat(path, &st) == 0, st.st_size > 0 else { continue }
@@ -231,9 +231,16 @@ final class CommitJournal: @unchecked Sendable {
         return false
     }
 
-    /// The journals and unnamed journals in `folder` (readdir: FileManager's listing cost a
-    /// fifth of an isolated create, whose group opens with this).
-    /// `complete` is false where the folder could not be read to its end (what was read is kept).
+    /// The names in `folder` to look at, or nil where `own`'s watch says no other journal can
+    /// be there (only when `skipping`: a look for `own`'s records always lists).
+    private static func look(in folder: String, own: CommitJournal?, skipping: Bool) -> [String]? {
+        guard let own else { return names(in: folder).names }
+        if skipping && !own.othersPossible() { return nil }
+        return own.list()
+    }
+
+    /// The journals and unnamed journals in `folder` (readdir, not FileManager: a listing was
+    /// most of what opening a group cost an isolated change). `complete` is false where the folder could not be read to its end (what was read is kept).
     static func names(in folder: String) -> (names: [String], complete: Bool) {
         guard let dir = opendir(folder) else { return ([], false) }
         defer { closedir(dir) }

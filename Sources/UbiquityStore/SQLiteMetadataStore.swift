@@ -183,6 +183,14 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private var settleError: StoreError?
     private var timerArmed = false
     private let groupNanoseconds: UInt64
+    /// `UBIQUITYFS_CHECK_EXPECTATIONS=1`: expectations a model read at the log's last position
+    /// (skipped: they hold by construction) are checked too, and a batch whose do not hold fails
+    /// with the disagreement logged. The test suite runs with it, so that a model that drifts
+    /// from its store shows as a failure instead of a wrong commit.
+    let checksCurrentExpectations: Bool
+    static var checksCurrentExpectationsByDefault: Bool {
+        ProcessInfo.processInfo.environment["UBIQUITYFS_CHECK_EXPECTATIONS"] == "1"
+    }
 
     /// Opens (creating if missing) the database at `path`.
     public convenience init(path: String) throws(StoreError) {
@@ -729,11 +737,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             // state they are checked against (the common case of a writer alone): they hold.
             let current = wanted == nil && batch.expectationsReadAtPosition && batch.position != 0
                 && batch.position == g.lastSeq
-            if !current {
-                for e in batch.expectations { try check(e) }
-            } else if checksCurrentExpectations {
+            if !current || checksCurrentExpectations {
                 for e in batch.expectations {
-                    do throws(StoreError) { try check(e) } catch where error.kind == .conflict {
+                    do throws(StoreError) { try check(e) } catch where current && error.kind == .conflict {
                         let why = "\(path): the model disagrees with the store at position \(g.lastSeq): \(error.message)"
                         log(why)
                         throw StoreError(.corrupt, why)
@@ -920,15 +926,6 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             for found in g.journals { found.finish(committed: false) }
             throw error
         }
-    }
-
-    /// `UBIQUITYFS_CHECK_EXPECTATIONS=1`: expectations a model read at the log's last position
-    /// (skipped: they hold by construction) are checked too, and a batch whose do not hold fails
-    /// with the disagreement logged. The test suite runs with it, so that a model that drifts
-    /// from its store shows as a failure instead of a wrong commit.
-    let checksCurrentExpectations: Bool
-    static var checksCurrentExpectationsByDefault: Bool {
-        ProcessInfo.processInfo.environment["UBIQUITYFS_CHECK_EXPECTATIONS"] == "1"
     }
 
     /// How many times this daemon listed its journal folder.
