@@ -62,6 +62,8 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     private let reserve: SpaceReserve?
     /// Where `remove()` puts the emptied map for reuse (nil: it is deleted).
     private let spares: SpareMaps?
+    /// Empty files made ahead for new chunk files (nil: each is made when first written).
+    private let chunkSpares: SpareChunkFiles?
 
     // `mutex` guards everything below. The map's descriptor is immutable and used without it.
     private let mutex = StoreMutex()
@@ -125,7 +127,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
     init(ino: InodeNumber, folder: String, copyID: UInt64, mapFD: Int32, mapPath: String, dirty: Set<Int>,
          files: Set<Int>, newlyCreated: Bool, base: VersionID?, size: UInt64, dataEnd: UInt64 = 0, paged: Bool,
          baseReach: UInt64?, finished: Bool = false, synced: Bool = false, reserve: SpaceReserve?, spares: SpareMaps? = nil,
-         log: (fd: Int32, end: Int, epoch: UInt64)? = nil) {
+         chunkSpares: SpareChunkFiles? = nil, log: (fd: Int32, end: Int, epoch: UInt64)? = nil) {
         self.ino = ino; self.folder = folder; self.copyID = copyID
         self.mapFD = mapFD; self.mapPath = mapPath
         self.dirty = dirty; self.files = files
@@ -141,6 +143,7 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
         self.dataEnd = dataEnd
         self.reserve = reserve
         self.spares = spares
+        self.chunkSpares = chunkSpares
         if let log {
             // A recovered copy's log: its next sync is a full one, which retires what it holds.
             (logFD, logEnd, logEpoch) = log
@@ -234,8 +237,10 @@ public final class ChunkedWorkFile: WorkFile, @unchecked Sendable {
             mutex.withLock { _ = lent.remove(index) }
             return install(index, ChunkDescriptor(fd))
         }
-        // A new file; one left under this name by an unlink that failed is not this chunk's.
-        var fd = retryEINTR { Glibc.open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+        // A new file (a spare made ahead, renamed over any file under this name); one left under
+        // this name by an unlink that failed is not this chunk's.
+        var fd = chunkSpares?.take(as: p) ?? -1
+        if fd < 0 { fd = retryEINTR { Glibc.open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) } }
         if fd < 0 && errno == EEXIST {
             _ = retryEINTR { unlink(p) }
             fd = retryEINTR { Glibc.open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }

@@ -24,7 +24,8 @@
 // `leftovers()` returns every valid working copy (a single-file one's size = the data file's
 // length, its dirty chunks those below that size) and removes malformed or unpaired files.
 //
-// A daemon also keeps a few emptied maps for reuse, `spare-<n>.map` (see `SpareMaps`);
+// A daemon also keeps a few emptied maps for reuse, `spare-<n>.map` (see `SpareMaps`), and a
+// few empty files made ahead for new chunk files, `spare-<n>.chunk` (see `SpareChunkFiles`);
 // recovery removes them with anything else that is not a working copy.
 
 import Foundation
@@ -197,6 +198,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
     private var adopted: [(path: String, lock: Int32)] = []
     private var recoveryLock: Int32 = -1   // guarded by mutex
     private let spares: SpareMaps
+    private let chunkSpares: SpareChunkFiles
 
     /// Opens (creating if missing) `<directory>/work` and a folder of this daemon's own in it.
     public convenience init(directory: String) throws(StoreError) {
@@ -225,9 +227,11 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         self.storeLock = storeLock
         self.reserve = reserve
         self.spares = SpareMaps(folder: own)
+        self.chunkSpares = SpareChunkFiles(folder: own)
     }
 
     deinit {
+        chunkSpares.close()
         close(ownLock)
         for a in adopted where a.lock >= 0 { close(a.lock) }
         if recoveryLock >= 0 { close(recoveryLock) }
@@ -266,7 +270,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         while copyID == 0 { copyID = UInt64.random(in: 1...UInt64.max) }
         let file = ChunkedWorkFile(ino: ino, folder: workPath, copyID: copyID, mapFD: mapFD, mapPath: map, dirty: [],
                                    files: [], newlyCreated: true, base: nil, size: 0, paged: true, baseReach: 0,
-                                   reserve: reserve, spares: spares)
+                                   reserve: reserve, spares: spares, chunkSpares: chunkSpares)
         do throws(StoreError) {
             try pwriteFully(mapFD, WorkMap.pagedHeader(ino: ino, base: nil, size: 0, boot: currentBootID ?? [], copyID: copyID,
                                                        baseReach: 0),
@@ -369,7 +373,7 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
         for (folder, lock) in folders {
             if let names = try? FileManager.default.contentsOfDirectory(atPath: folder) {
                 for name in names where name == "lock" || name.hasSuffix(".data") || name.hasSuffix(".map") || Self.chunkFileName(name) != nil
-                    || Self.logFileName(name) != nil {
+                    || Self.logFileName(name) != nil || name.hasPrefix(SpareMaps.prefix) {
                     _ = retryEINTR { unlink(folder + "/" + name) }
                 }
             }
@@ -738,5 +742,84 @@ final class SpareMaps: @unchecked Sendable {
         }
         if !kept { _ = unlink(path(n)) }
         return kept
+    }
+}
+
+/// Empty files made ahead, on a background queue, for working copies' new chunk files. Every
+/// chunk a write starts is a new inode (a published chunk file lives on as its blob: none is
+/// reused), and on an ext4 without a journal an inode's allocation looks past every inode its
+/// group freed in the last minutes, which retention's pruned blobs keep supplying: 0.15 to
+/// 0.5 ms on this kind of disk, paid by the write that starts the chunk (each `echo line >> f`,
+/// each fsync'd 4 KiB write to a chunk not yet touched). Taking a spare is a rename. The files
+/// are not held open: an idle daemon keeps a few empty files, no descriptors.
+final class SpareChunkFiles: @unchecked Sendable {
+    static let suffix = ".chunk"
+    /// Spares made ahead at most.
+    static let kept = 8
+    private let folder: String
+    // `mutex` guards everything below; it is never held across a system call.
+    private let mutex = StoreMutex()
+    private var free: [UInt64] = []
+    private var made: UInt64 = 0
+    private var filling = false
+    private var closed = false
+    private static let queue = DispatchQueue(label: "ubiquityfs.spare-chunk-files", qos: .utility)
+
+    init(folder: String) { self.folder = folder }
+
+    private func path(_ n: UInt64) -> String { "\(folder)/\(SpareMaps.prefix)\(n)\(Self.suffix)" }
+
+    /// Renames a spare to `target` and opens it; -1 when there is none, and the caller makes the
+    /// file as before. Any take starts a refill: the first chunk a daemon writes starts the pool.
+    func take(as target: String) -> Int32 {
+        let (n, fill) = mutex.withLock { () -> (UInt64?, Bool) in
+            let n = free.popLast()
+            let fill = !filling && !closed && free.count < Self.kept
+            if fill { filling = true }
+            return (n, fill)
+        }
+        if fill { Self.queue.async { self.fill() } }
+        guard let n else { return -1 }
+        let spare = path(n)
+        guard rename(spare, target) == 0 else {
+            _ = retryEINTR { unlink(spare) }
+            return -1
+        }
+        // Still empty: spares are made in this daemon's own folder and nothing writes them.
+        return retryEINTR { open(target, O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
+    }
+
+    private func fill() {
+        while true {
+            let n = mutex.withLock { () -> UInt64? in
+                guard !closed, free.count < Self.kept else { filling = false; return nil }
+                made += 1
+                return made
+            }
+            guard let n else { return }
+            let fd = retryEINTR { open(path(n), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600) }
+            guard fd >= 0 else {
+                // A full disk, the folder gone: writes make their files themselves meanwhile.
+                mutex.withLock { filling = false }
+                return
+            }
+            Glibc.close(fd)
+            let kept = mutex.withLock { () -> Bool in
+                if closed { return false }
+                free.append(n)
+                return true
+            }
+            if !kept { _ = retryEINTR { unlink(path(n)) } }
+        }
+    }
+
+    /// The work area goes away: no more spares, and those made are removed.
+    func close() {
+        let left = mutex.withLock { () -> [UInt64] in
+            closed = true
+            defer { free = [] }
+            return free
+        }
+        for n in left { _ = retryEINTR { unlink(path(n)) } }
     }
 }

@@ -159,6 +159,56 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(try fm.contentsOfDirectory(atPath: own).filter { !$0.hasPrefix("spare-") }, ["lock"])
     }
 
+    /// A write that starts a chunk takes an empty file made ahead (its inode allocation is off
+    /// the request path); the pool refills in the background and holds empty files only; the
+    /// daemon's end removes them, and a crashed daemon's are removed with its folder.
+    func testNewChunkFilesAreEmptyFilesMadeAhead() throws {
+        let directory = fixture.directory + "/ahead"
+        var work: LocalWorkArea? = try LocalWorkArea(directory: directory)
+        let folder = work!.workPath
+        func spares() -> [String: stat] {
+            var found: [String: stat] = [:]
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+            where name.hasPrefix(SpareMaps.prefix) && name.hasSuffix(SpareChunkFiles.suffix) {
+                var st = stat()
+                if stat(folder + "/" + name, &st) == 0 { found[name] = st }
+            }
+            return found
+        }
+        func waitForFullPool() throws -> [String: stat] {
+            let deadline = Date().addingTimeInterval(10)
+            while spares().count < SpareChunkFiles.kept && Date() < deadline { usleep(10_000) }
+            let pool = spares()
+            XCTAssertEqual(pool.count, SpareChunkFiles.kept, "\(pool.keys.sorted())")
+            XCTAssertTrue(pool.values.allSatisfy { $0.st_size == 0 && $0.st_mode & 0o777 == 0o600 })
+            return pool
+        }
+        XCTAssertTrue(spares().isEmpty, "none before a chunk is written")
+        let file = try work!.create(ino: 5)
+        try writeWork(file, [1, 2, 3], at: 10)   // made as before; starts the pool
+        let pool = try waitForFullPool()
+        try writeWork(file, [4, 5, 6], at: chunkSize + 1)
+        let copy = try XCTUnwrap((file as? ChunkedWorkFile)?.copyID)
+        var st = stat()
+        XCTAssertEqual(stat(folder + "/" + ChunkedWorkFile.chunkName(ino: 5, copyID: copy, index: 1), &st), 0)
+        XCTAssertTrue(pool.values.contains { $0.st_ino == st.st_ino }, "chunk 1's file is a spare, renamed")
+        XCTAssertEqual(st.st_size, 4)
+        XCTAssertEqual(try readWork(file, at: chunkSize, count: 10), [0, 4, 5, 6])
+        XCTAssertEqual(try readWork(file, at: 8, count: 5), [0, 0, 1, 2, 3])
+        let refilled = try waitForFullPool()
+        XCTAssertFalse(refilled.values.contains { $0.st_ino == st.st_ino })
+        file.remove()
+        work = nil
+        XCTAssertTrue(spares().isEmpty, "the daemon's end removes its spares")
+        // What a crash leaves: the next daemon's recovery removes them with the folder.
+        let left = folder + "/" + SpareMaps.prefix + "12" + SpareChunkFiles.suffix
+        XCTAssertTrue(FileManager.default.createFile(atPath: left, contents: Data()))
+        let next = try LocalWorkArea(directory: directory)
+        XCTAssertEqual(try next.leftovers().count, 0)
+        next.recoveryFinished()
+        XCTAssertFalse(FileManager.default.fileExists(atPath: folder))
+    }
+
     /// A working copy of the single-file format (before chunk files) is still recovered, and
     /// published by copy; chunk files no map claims (another copy id, no map) are removed.
     func testSingleFileWorkingCopyIsRecoveredAndStrayChunkFilesRemoved() throws {
@@ -893,7 +943,8 @@ final class EmbeddedStoreTests: XCTestCase {
         let used = inode(folder + "/8.map")
         first.remove()
         XCTAssertTrue(try workingCopies(work!).isEmpty)
-        XCTAssertEqual(Set(try FileManager.default.contentsOfDirectory(atPath: folder)), ["lock", "spare-0.map"])
+        XCTAssertEqual(Set(try FileManager.default.contentsOfDirectory(atPath: folder).filter { !$0.hasSuffix(SpareChunkFiles.suffix) }),
+                       ["lock", "spare-0.map"])
         let second = try work!.create(ino: 9)
         XCTAssertEqual(inode(folder + "/9.map"), used, "the same file, renamed")
         XCTAssertEqual(try readWork(second, at: 0, count: 10), [])
@@ -909,7 +960,7 @@ final class EmbeddedStoreTests: XCTestCase {
         let many = try (100..<140).map { try work!.create(ino: InodeNumber($0)) }
         for f in many { f.remove() }
         let names = try FileManager.default.contentsOfDirectory(atPath: folder)
-        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") }.count, SpareMaps.kept, "\(names.sorted())")
+        XCTAssertEqual(names.filter { $0.hasPrefix("spare-") && $0.hasSuffix(".map") }.count, SpareMaps.kept, "\(names.sorted())")
         XCTAssertEqual(Set(names.filter { !$0.hasPrefix("spare-") }), ["lock"])
         // The daemon is gone: the next one's recovery finds nothing and removes the folder.
         work = nil
