@@ -39,7 +39,8 @@ func errnoForSQLite(_ code: Int32) -> Int32 {
 
 /// 1: the single-writer store. 2: the change log (`changes`) and each node's last change.
 /// 3: each version's `moved_from` (the file it was published for, when moved into another's).
-private let schemaVersion: Int64 = 3
+/// 4: chunk lists shared between versions (`chunk_lists`, each version's `list`).
+private let schemaVersion: Int64 = 4
 
 private let schemaSQL = """
     CREATE TABLE IF NOT EXISTS store_meta(
@@ -93,9 +94,14 @@ private let schemaSQL = """
         origin TEXT NOT NULL,
         device TEXT NOT NULL,
         chunks BLOB NOT NULL,
-        moved_from INTEGER
+        moved_from INTEGER,
+        list INTEGER
     );
     CREATE INDEX IF NOT EXISTS versions_by_ino ON versions(ino, id);
+    CREATE TABLE IF NOT EXISTS chunk_lists(
+        id INTEGER PRIMARY KEY,
+        chunks BLOB NOT NULL
+    );
     CREATE TABLE IF NOT EXISTS containers(
         identifier TEXT PRIMARY KEY NOT NULL,
         bundle_identifier TEXT NOT NULL,
@@ -154,6 +160,71 @@ package enum ChunkPacking {
     }
 }
 
+/// A version's chunk list as its differences from a shared list (`chunk_lists`): u32 the list's
+/// length, then per changed entry its u32 index (increasing) and the entry as `ChunkPacking`
+/// packs it, little endian. Every index at or past the shared list's length is among them.
+package enum ChunkDelta {
+    static let entrySize = 4 + ChunkPacking.entrySize
+
+    /// The entries of `chunks` that differ from `base`, or lie past its end.
+    static func differences(_ chunks: [ChunkRef], from base: [ChunkRef]) -> [(index: Int, chunk: ChunkRef)] {
+        var out: [(index: Int, chunk: ChunkRef)] = []
+        for (i, c) in chunks.enumerated() where i >= base.count || base[i] != c { out.append((i, c)) }
+        return out
+    }
+
+    static func pack(count: Int, _ changes: [(index: Int, chunk: ChunkRef)]) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: 4 + changes.count * entrySize)
+        out.withUnsafeMutableBytes { raw in
+            raw.storeBytes(of: UInt32(count).littleEndian, toByteOffset: 0, as: UInt32.self)
+            var i = 4
+            for (index, c) in changes {
+                raw.storeBytes(of: UInt32(index).littleEndian, toByteOffset: i, as: UInt32.self)
+                raw.storeBytes(of: c.blob.littleEndian, toByteOffset: i + 4, as: UInt64.self)
+                raw.storeBytes(of: c.length.littleEndian, toByteOffset: i + 12, as: UInt32.self)
+                raw.storeBytes(of: c.checksum.littleEndian, toByteOffset: i + 16, as: UInt64.self)
+                i += entrySize
+            }
+        }
+        return out
+    }
+
+    /// The changes alone (nil: malformed, or indexes not increasing).
+    static func changes(_ bytes: UnsafeRawBufferPointer) -> [(index: Int, chunk: ChunkRef)]? {
+        guard bytes.count >= 4, (bytes.count - 4) % entrySize == 0 else { return nil }
+        var out: [(index: Int, chunk: ChunkRef)] = []
+        out.reserveCapacity((bytes.count - 4) / entrySize)
+        var i = 4
+        while i < bytes.count {
+            let index = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: i, as: UInt32.self)))
+            if let last = out.last, last.index >= index { return nil }
+            let blob = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 4, as: UInt64.self))
+            let length = UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 12, as: UInt32.self))
+            let sum = UInt64(littleEndian: bytes.loadUnaligned(fromByteOffset: i + 16, as: UInt64.self))
+            out.append((index, ChunkRef(blob: blob, length: length, checksum: sum)))
+            i += entrySize
+        }
+        return out
+    }
+
+    /// The whole list: `list` (packed) cut or extended to the stored length, the changes applied.
+    /// Nil when malformed: a change past the length, or an entry past the list's end missing.
+    static func resolve(_ bytes: UnsafeRawBufferPointer, over list: UnsafeRawBufferPointer) -> [ChunkRef]? {
+        guard bytes.count >= 4, var chunks = ChunkPacking.unpack(list), let changes = changes(bytes) else { return nil }
+        let count = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)))
+        let shared = min(count, chunks.count)
+        guard changes.filter({ $0.index >= shared }).count == count - shared, changes.last.map({ $0.index < count }) ?? true else {
+            return nil
+        }
+        if chunks.count > count { chunks.removeLast(chunks.count - count) }
+        chunks.reserveCapacity(count)
+        for (index, c) in changes {
+            if index < chunks.count { chunks[index] = c } else { chunks.append(c) }
+        }
+        return chunks
+    }
+}
+
 // MARK: - The store
 
 public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
@@ -202,7 +273,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public init(readOnlyPath path: String) throws(StoreError) {
         let handle = try Self.connect(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, what: "open \(path) to read")
         sqlite3_busy_timeout(handle, 5000)
-        var columns = Self.versionColumnNames
+        var select = Self.versionSelect
         do throws(StoreError) {
             let version = try Self.scalarInt(handle, "SELECT value FROM store_meta WHERE key='schema_version'", path: path) ?? -1
             if version > schemaVersion || version < 1 {
@@ -210,7 +281,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                                  + "knows versions 1 to \(schemaVersion): use a newer ubiquityfs")
             }
             // A store no daemon of this version has opened yet (read, not migrated).
-            if version < 3 { columns = Self.versionColumnsBefore3 }
+            if version < 3 { select = Self.versionSelectBefore3 } else if version < 4 { select = Self.versionSelectBefore4 }
         } catch {
             sqlite3_close_v2(handle)
             throw error
@@ -224,7 +295,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         log = { _ in }
         groupNanoseconds = 0
         checksCurrentExpectations = false
-        versionColumns = columns
+        versionSelect = select
     }
 
     /// `journalFolder`: group non-durable commits, journaled there (the embedded store's daemons).
@@ -313,6 +384,13 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 if has == 0 { try exec(db, "ALTER TABLE versions ADD COLUMN moved_from INTEGER", path: path) }
                 version = 3
             }
+            if version == 3 {
+                let has = try scalarInt(db, "SELECT count(*) FROM pragma_table_info('versions') WHERE name = 'list'", path: path)
+                if has == 0 { try exec(db, "ALTER TABLE versions ADD COLUMN list INTEGER", path: path) }
+                version = 4
+            }
+            // Here, not in the schema above: a store older than 4 has no `list` column until now.
+            try exec(db, "CREATE INDEX IF NOT EXISTS versions_by_list ON versions(list) WHERE list IS NOT NULL", path: path)
             try exec(db, "UPDATE store_meta SET value = \(version) WHERE key = 'schema_version'", path: path)
             try exec(db, "COMMIT", path: path)
         } catch {
@@ -445,9 +523,17 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     // MARK: Row decoding
 
     private static let nodeColumns = "ino, container, kind, mode, uid, gid, nlink, size, atime, mtime, ctime, btime, rdev, target, current_version"
-    private static let versionColumnNames = "id, ino, created, size, origin, device, chunks, moved_from"
-    private static let versionColumnsBefore3 = "id, ino, created, size, origin, device, chunks, NULL"
-    private var versionColumns = SQLiteMetadataStore.versionColumnNames
+    /// A version row with the list it names, if any; queries add `WHERE v.…`.
+    private static let versionSelect = """
+        SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks, v.moved_from, v.list, l.chunks
+        FROM versions v LEFT JOIN chunk_lists l ON l.id = v.list
+        """
+    private static let versionSelectBefore4 = "SELECT id, ino, created, size, origin, device, chunks, moved_from, NULL, NULL FROM versions v"
+    private static let versionSelectBefore3 = "SELECT id, ino, created, size, origin, device, chunks, NULL, NULL, NULL FROM versions v"
+    private var versionSelect = SQLiteMetadataStore.versionSelect
+    /// Chunk lists at least this long are shared between a file's versions (`storedChunks`);
+    /// shorter ones (files under 64 MiB) are stored whole in the version's row.
+    static let sharedListMinimum = 64
 
     private func decodeNode(_ r: Row, containers: TextInterner) throws(StoreError) -> NodeRecord {
         let ino = r.uint(0)
@@ -469,7 +555,15 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         guard let origin = VersionOrigin(rawValue: r.text(4)) else {
             throw StoreError(errno: EIO, "\(path): version \(id) has unknown origin \(r.text(4))")
         }
-        guard let chunks = r.withBlob(6, ChunkPacking.unpack) else {
+        let chunks: [ChunkRef]?
+        if r.isNull(8) {
+            chunks = r.withBlob(6, ChunkPacking.unpack)
+        } else if r.isNull(9) {
+            throw StoreError(errno: EIO, "\(path): version \(id) names chunk list \(r.int(8)), which is missing")
+        } else {
+            chunks = r.withBlob(6) { changes in r.withBlob(9) { list in ChunkDelta.resolve(changes, over: list) } }
+        }
+        guard let chunks else {
             throw StoreError(errno: EIO, "\(path): version \(id) has a malformed chunk list")
         }
         return VersionRecord(id: id, ino: r.uint(1), created: r.int(2), size: r.uint(3),
@@ -504,8 +598,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             })
             s.containers = try readContainers()
             try run("""
-                SELECT \(versionColumns) FROM versions
-                WHERE id IN (SELECT current_version FROM nodes WHERE current_version IS NOT NULL) ORDER BY id
+                \(versionSelect)
+                WHERE v.id IN (SELECT current_version FROM nodes WHERE current_version IS NOT NULL) ORDER BY v.id
                 """, row: { (r) throws(StoreError) in
                 s.currentVersions.append(try decodeVersion(r))
             })
@@ -554,7 +648,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// Replaces every table with `snapshot`, in one transaction.
     package func replace(with snapshot: StoreSnapshot) throws(StoreError) {
         try replicaTransaction { () throws(StoreError) in
-            for table in ["nodes", "dirents", "xattrs", "versions", "containers", "meta", "changes"] {
+            for table in ["nodes", "dirents", "xattrs", "versions", "chunk_lists", "containers", "meta", "changes"] {
                 try run("DELETE FROM \(table)")
             }
             var maxIno: UInt64 = 0, maxVersion: Int64 = 0
@@ -1165,7 +1259,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             }
             maxIno = max(maxIno, n.ino)
         case .deleteNode(let ino):
+            // The lists only its versions name go with them.
             for sql in ["DELETE FROM nodes WHERE ino = ?1", "DELETE FROM xattrs WHERE ino = ?1",
+                        """
+                        DELETE FROM chunk_lists WHERE id IN (SELECT list FROM versions WHERE ino = ?1)
+                        AND NOT EXISTS (SELECT 1 FROM versions o WHERE o.list = chunk_lists.id AND o.ino <> ?1)
+                        """,
                         "DELETE FROM versions WHERE ino = ?1"] {
                 try run(sql) { b throws(StoreError) in try b.uint(1, ino) }
             }
@@ -1192,16 +1291,21 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.blob(2, name)
             }
         case .putVersion(let v):
+            let (list, chunks) = try storedChunks(of: v)
             // Plain INSERT: versions are immutable, a second put of one id is an error.
-            try run("INSERT INTO versions(\(Self.versionColumnNames)) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)") { b throws(StoreError) in
+            try run("""
+                INSERT INTO versions(id, ino, created, size, origin, device, chunks, moved_from, list)
+                VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                """) { b throws(StoreError) in
                 try b.int(1, v.id)
                 try b.uint(2, v.ino)
                 try b.int(3, v.created)
                 try b.uint(4, v.size)
                 try b.text(5, v.origin.rawValue)
                 try b.text(6, v.device)
-                try b.blob(7, ChunkPacking.pack(v.chunks))
+                try b.blob(7, chunks)
                 if let from = v.movedFrom { try b.uint(8, from) }
+                if let list { try b.int(9, list) }
             }
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let c):
@@ -1220,7 +1324,15 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try b.uint(8, c.rootIno)
             }
         case .deleteVersion(let id):
+            var list: Int64?
+            try run("SELECT list FROM versions WHERE id = ?1", bind: { b throws(StoreError) in try b.int(1, id) },
+                    row: { r in list = r.isNull(0) ? nil : r.int(0) })
             try run("DELETE FROM versions WHERE id = ?1") { b throws(StoreError) in try b.int(1, id) }
+            if let list {
+                try run("DELETE FROM chunk_lists WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM versions WHERE list = ?1)") {
+                    b throws(StoreError) in try b.int(1, list)
+                }
+            }
         case .moveVersions(let from, let to):
             try run("UPDATE versions SET ino = ?2, moved_from = coalesce(moved_from, ?1) WHERE ino = ?1") { b throws(StoreError) in
                 try b.uint(1, from)
@@ -1236,10 +1348,34 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    /// How a version's chunk list is stored: whole in its row (no list) when short; else as its
+    /// differences from the list the file's newest version names (a publish changes a few chunks
+    /// of a big file: an append, the tail), or in a new list when those differences are more
+    /// than a quarter of it. A version is read with one list at most, and no list row changes:
+    /// deleting a version deletes its list only when no other version names it. Caller holds
+    /// mutex, inside a transaction.
+    private func storedChunks(of v: VersionRecord) throws(StoreError) -> (list: Int64?, bytes: [UInt8]) {
+        guard v.chunks.count >= Self.sharedListMinimum else { return (nil, ChunkPacking.pack(v.chunks)) }
+        var base: (id: Int64, chunks: [ChunkRef])?
+        try run("""
+            SELECT l.id, l.chunks FROM versions v JOIN chunk_lists l ON l.id = v.list
+            WHERE v.ino = ?1 ORDER BY v.id DESC LIMIT 1
+            """, bind: { b throws(StoreError) in try b.uint(1, v.ino) },
+            row: { r in if let chunks = r.withBlob(1, ChunkPacking.unpack) { base = (r.int(0), chunks) } })
+        if let base {
+            let changes = ChunkDelta.differences(v.chunks, from: base.chunks)
+            if changes.count * ChunkDelta.entrySize <= v.chunks.count * ChunkPacking.entrySize / 4 {
+                return (base.id, ChunkDelta.pack(count: v.chunks.count, changes))
+            }
+        }
+        try run("INSERT INTO chunk_lists(chunks) VALUES(?1)") { b throws(StoreError) in try b.blob(1, ChunkPacking.pack(v.chunks)) }
+        return (sqlite3_last_insert_rowid(db), ChunkDelta.pack(count: v.chunks.count, []))
+    }
+
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
         try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
-            try run("SELECT \(versionColumns) FROM versions WHERE ino = ?1 ORDER BY id",
+            try run("\(versionSelect) WHERE v.ino = ?1 ORDER BY v.id",
                     bind: { b throws(StoreError) in try b.uint(1, ino) },
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
             return result
@@ -1259,7 +1395,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
-            try run("SELECT \(versionColumns) FROM versions ORDER BY id",
+            try run("\(versionSelect) ORDER BY v.id",
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
             return result
         }
@@ -1268,7 +1404,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         try reading { () throws(StoreError) -> [VersionRecord] in
             var result: [VersionRecord] = []
-            try run("SELECT \(versionColumns) FROM versions WHERE origin = ?1 ORDER BY id",
+            try run("\(versionSelect) WHERE v.origin = ?1 ORDER BY v.id",
                     bind: { b throws(StoreError) in try b.text(1, origin.rawValue) },
                     row: { (r) throws(StoreError) in result.append(try decodeVersion(r)) })
             return result
@@ -1278,7 +1414,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try reading { () throws(StoreError) -> VersionRecord? in
             var result: VersionRecord?
-            try run("SELECT \(versionColumns) FROM versions WHERE id = ?1",
+            try run("\(versionSelect) WHERE v.id = ?1",
                     bind: { b throws(StoreError) in try b.int(1, id) },
                     row: { (r) throws(StoreError) in result = try decodeVersion(r) })
             return result
@@ -1292,17 +1428,37 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
         try reading { () throws(StoreError) -> Set<BlobID> in
             var result: Set<BlobID> = []
-            try run("SELECT chunks FROM versions", row: { (r) throws(StoreError) in
-                guard let chunks = r.withBlob(0, { ChunkPacking.unpack($0) }) else {
-                    throw StoreError(errno: EIO, "\(path): a version's chunk list is corrupt")
-                }
+            // Every entry of every list, whole or shared, and of every version's changes: a
+            // shared list may name chunks its versions all replaced, which keeps them a while
+            // longer (collection only frees what nothing names).
+            func add(_ chunks: [ChunkRef]?) throws(StoreError) {
+                guard let chunks else { throw StoreError(errno: EIO, "\(path): a version's chunk list is corrupt") }
                 for c in chunks where !c.isHole { result.insert(c.blob) }
+            }
+            try run("SELECT chunks, list FROM versions", row: { (r) throws(StoreError) in
+                try add(r.withBlob(0, { r.isNull(1) ? ChunkPacking.unpack($0) : ChunkDelta.changes($0)?.map(\.chunk) }))
+            })
+            try run("SELECT chunks FROM chunk_lists", row: { (r) throws(StoreError) in
+                try add(r.withBlob(0, { ChunkPacking.unpack($0) }))
             })
             return result
         }
     }
 
     // MARK: For tests
+
+    /// How each version's chunk list is stored: the list it names and its row's bytes; and the
+    /// shared lists there are.
+    func chunkListStorage() throws(StoreError) -> (versions: [(id: VersionID, list: Int64?, bytes: Int)], lists: [Int64]) {
+        try mutex.withLock { () throws(StoreError) -> (versions: [(id: VersionID, list: Int64?, bytes: Int)], lists: [Int64]) in
+            var versions: [(id: VersionID, list: Int64?, bytes: Int)] = [], lists: [Int64] = []
+            try run("SELECT id, list, length(chunks) FROM versions ORDER BY id", row: { r in
+                versions.append((r.int(0), r.isNull(1) ? nil : r.int(1), Int(r.int(2))))
+            })
+            try run("SELECT id FROM chunk_lists ORDER BY id", row: { r in lists.append(r.int(0)) })
+            return (versions, lists)
+        }
+    }
 
     /// The value of a pragma (e.g. "synchronous", "journal_mode"), as text.
     func pragma(_ name: String) throws(StoreError) -> String? {

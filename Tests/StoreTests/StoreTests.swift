@@ -327,6 +327,21 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(sqlite.terminationStatus, 0)
         let version7 = VersionRecord(id: 7, ino: 40, created: 5, size: 0, chunks: [], origin: .published, device: "host")
         XCTAssertEqual(try SQLiteMetadataStore(readOnlyPath: db).versions(of: 40), [version7], "read as it is")
+        // Schema 3 (versions' `moved_from`, no shared lists), read as it is too.
+        let db3 = fixture.directory + "/three.sqlite3"
+        let three = Process()
+        three.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+        three.arguments = [db3, v1 + """
+            ALTER TABLE versions ADD COLUMN moved_from INTEGER;
+            UPDATE versions SET moved_from = 39;
+            UPDATE store_meta SET value = 3 WHERE key = 'schema_version';
+            """]
+        try three.run()
+        three.waitUntilExit()
+        XCTAssertEqual(three.terminationStatus, 0)
+        var moved7 = version7
+        moved7.movedFrom = 39
+        XCTAssertEqual(try SQLiteMetadataStore(readOnlyPath: db3).versions(of: 40), [moved7])
         do {
             let m = try fixture.open().metadata
             XCTAssertEqual(try m.versions(of: 40), [version7])
@@ -337,6 +352,13 @@ final class EmbeddedStoreTests: XCTestCase {
             let seq = try m.commit(Batch([.putNode(Sample.node(41))], expecting: [.nodeAt(ino: 40, change: 0)]), durable: true)
             XCTAssertEqual(seq, 1)
             XCTAssertEqual(try m.reserveInodes(1), 42...42)
+            // The migrated store shares big files' chunk lists.
+            let big = VersionRecord(id: 8, ino: 40, created: 6, size: 0,
+                                    chunks: (1...70).map { ChunkRef(blob: UInt64($0), length: 1, checksum: 0) },
+                                    origin: .published, device: "host")
+            try m.commit([.putVersion(big)], durable: true)
+            XCTAssertEqual(try m.versions(of: 40), [version7, big])
+            XCTAssertEqual(try XCTUnwrap(m as? SQLiteMetadataStore).chunkListStorage().lists.count, 1)
         }
         let later = Process()
         later.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
@@ -344,9 +366,68 @@ final class EmbeddedStoreTests: XCTestCase {
         try later.run()
         later.waitUntilExit()
         XCTAssertThrowsError(try fixture.open()) { error in
-            XCTAssertTrue("\(error)".contains("schema version 99, and this ubiquityfs knows versions 1 to 3: use a newer ubiquityfs"),
+            XCTAssertTrue("\(error)".contains("schema version 99, and this ubiquityfs knows versions 1 to 4: use a newer ubiquityfs"),
                           "\(error)")
         }
+    }
+
+    /// A big file's versions share a chunk list: each row holds what it changed from the list
+    /// (an append's new tail and added chunk, a hole), read back whole everywhere a version is
+    /// read; a version that changed most chunks starts a new list; a short list is stored
+    /// whole; a list goes with the last version that names it (deleted, or with its file).
+    func testBigFilesVersionsShareAChunkList() throws {
+        let store = try fixture.open()
+        let m = try XCTUnwrap(store.metadata as? SQLiteMetadataStore)
+        func refs(_ n: Int, _ seed: UInt64) -> [ChunkRef] {
+            (0..<n).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: UInt32(chunkSize), checksum: seed ^ UInt64($0)) }
+        }
+        func version(_ id: VersionID, _ ino: InodeNumber, _ chunks: [ChunkRef]) -> VersionRecord {
+            VersionRecord(id: id, ino: ino, created: id, size: UInt64(chunks.count * chunkSize), chunks: chunks,
+                          origin: .published, device: "host")
+        }
+        let n = SQLiteMetadataStore.sharedListMinimum + 36
+        var appended = refs(n, 1)
+        appended[50] = .hole
+        appended[n - 1] = ChunkRef(blob: 77, length: UInt32(chunkSize), checksum: 7)
+        appended.append(ChunkRef(blob: 78, length: 12, checksum: 8))
+        let v1 = version(1, 5, refs(n, 1)), v2 = version(2, 5, appended), v3 = version(3, 5, refs(n + 1, 2))
+        let short = version(4, 6, refs(3, 3))
+        try m.commit([.putVersion(v1), .putVersion(v2)], durable: true)
+        try m.commit([.putVersion(v3), .putVersion(short), .putNode(Sample.node(5, version: 2))], durable: true)
+        let stored = try m.chunkListStorage()
+        XCTAssertEqual(stored.lists.count, 2)
+        XCTAssertEqual(stored.versions.map(\.list), [stored.lists[0], stored.lists[0], stored.lists[1], nil])
+        XCTAssertEqual(stored.versions.map(\.bytes), [4, 4 + 3 * ChunkDelta.entrySize, 4, 3 * ChunkPacking.entrySize])
+        XCTAssertEqual(try m.versions(of: 5), [v1, v2, v3])
+        XCTAssertEqual(try m.version(2), v2)
+        XCTAssertEqual(try m.allVersions(), [v1, v2, v3, short])
+        XCTAssertEqual(try m.versions(withOrigin: .published), [v1, v2, v3, short])
+        XCTAssertEqual(try m.load().currentVersions, [v2])
+        let named = Set([v1, v2, v3, short].flatMap { $0.chunks.filter { !$0.isHole }.map(\.blob) })
+        XCTAssertTrue(try m.referencedBlobs().isSuperset(of: named))
+        // The list v1 started stays while v2 names it.
+        try m.commit([.deleteVersion(1)], durable: true)
+        XCTAssertEqual(try m.versions(of: 5), [v2, v3])
+        XCTAssertEqual(try m.chunkListStorage().lists, stored.lists)
+        try m.commit([.deleteVersion(2)], durable: true)
+        XCTAssertEqual(try m.chunkListStorage().lists, [stored.lists[1]])
+        // A file's next version builds on its newest version's list, wherever that list began.
+        let v5 = version(5, 7, refs(n + 1, 2) + [ChunkRef(blob: 79, length: 1, checksum: 9)])
+        try m.commit([.moveVersions(from: 5, to: 7), .putVersion(v5)], durable: true)
+        var moved = v3
+        moved.ino = 7
+        moved.movedFrom = 5
+        XCTAssertEqual(try m.versions(of: 7), [moved, v5])
+        XCTAssertEqual(try m.chunkListStorage().versions.map(\.list), [stored.lists[1], nil, stored.lists[1]])
+        try m.commit([.deleteNode(7)], durable: true)
+        XCTAssertEqual(try m.chunkListStorage().lists, [])
+        XCTAssertEqual(try m.allVersions(), [short])
+        // A list cut short, a change past its length: malformed, said so.
+        let bad = ChunkDelta.pack(count: 2, [(index: 3, chunk: ChunkRef(blob: 1, length: 1, checksum: 1))])
+        let list = ChunkPacking.pack(refs(2, 4))
+        XCTAssertNil(bad.withUnsafeBytes { b in list.withUnsafeBytes { ChunkDelta.resolve(b, over: $0) } })
+        let gap = ChunkDelta.pack(count: 4, [(index: 3, chunk: ChunkRef(blob: 1, length: 1, checksum: 1))])
+        XCTAssertNil(gap.withUnsafeBytes { b in list.withUnsafeBytes { ChunkDelta.resolve(b, over: $0) } })
     }
 
     /// Read-only commands look without writing: no schema set-up, and a commit fails.
