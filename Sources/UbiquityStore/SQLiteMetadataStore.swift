@@ -1351,9 +1351,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     /// How a version's chunk list is stored: whole in its row (no list) when short; else as its
     /// differences from the list the file's newest version names (a publish changes a few chunks
     /// of a big file: an append, the tail), or in a new list when those differences are more
-    /// than a quarter of it. A version is read with one list at most, and no list row changes:
-    /// deleting a version deletes its list only when no other version names it. Caller holds
-    /// mutex, inside a transaction.
+    /// than a quarter of it. A new list takes the id of the version it is made for, so a replay
+    /// of the same batches (a journal, a replica) makes the same lists; a list of that id, if
+    /// there is one, is that version's whole list already (versions never change). A version is
+    /// read with one list at most, and no list row changes: deleting a version deletes its list
+    /// only when no other version names it. Caller holds mutex, inside a transaction.
     private func storedChunks(of v: VersionRecord) throws(StoreError) -> (list: Int64?, bytes: [UInt8]) {
         guard v.chunks.count >= Self.sharedListMinimum else { return (nil, ChunkPacking.pack(v.chunks)) }
         var base: (id: Int64, chunks: [ChunkRef])?
@@ -1368,8 +1370,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 return (base.id, ChunkDelta.pack(count: v.chunks.count, changes))
             }
         }
-        try run("INSERT INTO chunk_lists(chunks) VALUES(?1)") { b throws(StoreError) in try b.blob(1, ChunkPacking.pack(v.chunks)) }
-        return (sqlite3_last_insert_rowid(db), ChunkDelta.pack(count: v.chunks.count, []))
+        try run("INSERT OR IGNORE INTO chunk_lists(id, chunks) VALUES(?1, ?2)") { b throws(StoreError) in
+            try b.int(1, v.id)
+            try b.blob(2, ChunkPacking.pack(v.chunks))
+        }
+        return (v.id, ChunkDelta.pack(count: v.chunks.count, []))
     }
 
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {

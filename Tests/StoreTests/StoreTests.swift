@@ -395,7 +395,7 @@ final class EmbeddedStoreTests: XCTestCase {
         try m.commit([.putVersion(v1), .putVersion(v2)], durable: true)
         try m.commit([.putVersion(v3), .putVersion(short), .putNode(Sample.node(5, version: 2))], durable: true)
         let stored = try m.chunkListStorage()
-        XCTAssertEqual(stored.lists.count, 2)
+        XCTAssertEqual(stored.lists, [1, 3], "a list takes the id of the version it was made for")
         XCTAssertEqual(stored.versions.map(\.list), [stored.lists[0], stored.lists[0], stored.lists[1], nil])
         XCTAssertEqual(stored.versions.map(\.bytes), [4, 4 + 3 * ChunkDelta.entrySize, 4, 3 * ChunkPacking.entrySize])
         XCTAssertEqual(try m.versions(of: 5), [v1, v2, v3])
@@ -409,6 +409,11 @@ final class EmbeddedStoreTests: XCTestCase {
         try m.commit([.deleteVersion(1)], durable: true)
         XCTAssertEqual(try m.versions(of: 5), [v2, v3])
         XCTAssertEqual(try m.chunkListStorage().lists, stored.lists)
+        // Put again (as a replica does): the list of its id is its own whole list.
+        try m.commit([.putVersion(v1)], durable: true)
+        XCTAssertEqual(try m.versions(of: 5), [v1, v2, v3])
+        XCTAssertEqual(try m.chunkListStorage().versions.first?.list, 1)
+        try m.commit([.deleteVersion(1)], durable: true)
         try m.commit([.deleteVersion(2)], durable: true)
         XCTAssertEqual(try m.chunkListStorage().lists, [stored.lists[1]])
         // A file's next version builds on its newest version's list, wherever that list began.
