@@ -1,6 +1,8 @@
 // A compact binary encoding of a batch's mutations, for the change log. Every commit writes one,
 // so it must be cheap (JSON cost more than the rest of a commit). Little endian; lengths as
-// LEB128 varints; a leading format byte so a later layout can be told apart.
+// LEB128 varints; a leading format byte so a later layout can be told apart. In the embedded
+// store's change log a big file's version names its shared chunk list and carries only its
+// changes from it (tags 14, 15); journal records and the shared store's log carry whole lists.
 
 import Foundation
 
@@ -9,6 +11,21 @@ package enum BatchCoding {
 
     package static func encode(_ mutations: [Mutation]) -> [UInt8] {
         var w = Writer()
+        w.byte(format)
+        w.mutations(mutations)
+        return w.out
+    }
+
+    /// How the embedded store stored a version's list (`SQLiteMetadataStore.storedChunks`): the
+    /// shared list it names and its changes from it (`ChunkDelta`).
+    package typealias SharedChunks = [VersionID: (list: Int64, changes: [UInt8])]
+
+    /// `encode`, with the versions in `shared` written as the list they name and their changes
+    /// (tags 14 and 15), not their whole lists: the embedded store's change log, whose readers
+    /// resolve them through its `chunk_lists` (`decode(_:lists:)`).
+    package static func encode(_ mutations: [Mutation], shared: SharedChunks) -> [UInt8] {
+        var w = Writer()
+        w.shared = shared
         w.byte(format)
         w.mutations(mutations)
         return w.out
@@ -57,28 +74,38 @@ package enum BatchCoding {
         var mutations: [Mutation] = []
         mutations.reserveCapacity(Int(mutationCount))
         for _ in 0..<mutationCount {
-            guard let m = r.mutation() else { return nil }
+            // A journal's records carry whole lists (a replay may make the lists they would name).
+            guard case .mutation(let m) = r.mutation() else { return nil }
             mutations.append(m)
         }
         guard r.atEnd else { return nil }
         return (seq, Batch(mutations, expecting: expectations, writer: writer))
     }
 
-    /// The mutations, or nil if the bytes are not a batch of this format.
-    package static func decode(_ bytes: [UInt8]) -> [Mutation]? {
-        var r = Reader(bytes: bytes)
-        guard r.byte() == format, let count = r.varint(), count <= UInt64(bytes.count) else { return nil }
-        var out: [Mutation] = []
-        out.reserveCapacity(Int(count))
-        for _ in 0..<count {
-            guard let m = r.mutation() else { return nil }
-            out.append(m)
+    /// The mutations, or nil if the bytes are not a batch of this format. `lists`: a shared
+    /// list's packed entries by id (nil: gone). A version naming a list that is gone is left
+    /// out: a list goes only with the last version naming it, so that version was deleted by a
+    /// later batch; and a version whose changes do not fit its list is malformed (nil).
+    package static func decode(_ bytes: [UInt8], lists: (Int64) -> [UInt8]? = { _ in nil }) -> [Mutation]? {
+        withoutActuallyEscaping(lists) { lists in
+            var r = Reader(bytes: bytes, lists: lists)
+            guard r.byte() == format, let count = r.varint(), count <= UInt64(bytes.count) else { return nil }
+            var out: [Mutation] = []
+            out.reserveCapacity(Int(count))
+            for _ in 0..<count {
+                switch r.mutation() {
+                case .mutation(let m): out.append(m)
+                case .skipped: continue
+                case nil: return nil
+                }
+            }
+            return r.atEnd ? out : nil
         }
-        return r.atEnd ? out : nil
     }
 
     private struct Writer {
         var out: [UInt8] = []
+        var shared: SharedChunks = [:]
         mutating func byte(_ b: UInt8) { out.append(b) }
         mutating func varint(_ v: UInt64) {
             var v = v
@@ -97,7 +124,7 @@ package enum BatchCoding {
         mutating func mutations(_ mutations: [Mutation]) {
             // Sized once: a version's chunk list would otherwise grow the buffer several times.
             out.reserveCapacity(out.count + mutations.reduce(16) { total, m in
-                if case .putVersion(let v) = m { return total + 96 + v.chunks.count * ChunkPacking.entrySize }
+                if case .putVersion(let v) = m, shared[v.id] == nil { return total + 96 + v.chunks.count * ChunkPacking.entrySize }
                 return total + 96
             })
             varint(UInt64(mutations.count))
@@ -116,11 +143,23 @@ package enum BatchCoding {
                 case .deleteXattr(let ino, let name): byte(6); u64(ino); bytes(name)
                 case .putVersion(let v):
                     // 13: one moved in from another file (a replica's copy of a snapshot); 7 otherwise.
-                    byte(v.movedFrom == nil ? 7 : 13)
+                    // 14 and 15 the same with a shared list and the changes from it.
+                    let list = shared[v.id]
+                    switch (list != nil, v.movedFrom != nil) {
+                    case (false, false): byte(7)
+                    case (false, true): byte(13)
+                    case (true, false): byte(14)
+                    case (true, true): byte(15)
+                    }
                     i64(v.id); u64(v.ino); i64(v.created); u64(v.size)
                     string(v.origin.rawValue); string(v.device)
-                    varint(UInt64(v.chunks.count))
-                    ChunkPacking.append(v.chunks, to: &out)
+                    if let list {
+                        i64(list.list)
+                        bytes(list.changes)
+                    } else {
+                        varint(UInt64(v.chunks.count))
+                        ChunkPacking.append(v.chunks, to: &out)
+                    }
                     if let from = v.movedFrom { u64(from) }
                 case .putContainer(let c):
                     byte(8)
@@ -136,8 +175,15 @@ package enum BatchCoding {
         }
     }
 
+    private enum Decoded {
+        case mutation(Mutation)
+        /// A version whose shared list is gone (see `decode`).
+        case skipped
+    }
+
     private struct Reader {
         let bytes: [UInt8]
+        var lists: (Int64) -> [UInt8]? = { _ in nil }
         var at = 0
         var atEnd: Bool { at == bytes.count }
         mutating func byte() -> UInt8? {
@@ -205,8 +251,30 @@ package enum BatchCoding {
             }
         }
 
-        mutating func mutation() -> Mutation? {
+        mutating func mutation() -> Decoded? {
             guard let tag = byte() else { return nil }
+            if tag == 14 || tag == 15 { return sharedVersion(movedIn: tag == 15) }
+            return plainMutation(tag).map { .mutation($0) }
+        }
+
+        mutating func sharedVersion(movedIn: Bool) -> Decoded? {
+            guard let id = i64(), let ino = u64(), let created = i64(), let size = u64(),
+                  let rawOrigin = string(), let origin = VersionOrigin(rawValue: rawOrigin), let device = string(),
+                  let list = i64(), let changes = data() else { return nil }
+            var movedFrom: InodeNumber?
+            if movedIn {
+                guard let from = u64() else { return nil }
+                movedFrom = from
+            }
+            guard let packed = lists(list) else { return .skipped }
+            guard let chunks = changes.withUnsafeBytes({ c in packed.withUnsafeBytes { ChunkDelta.resolve(c, over: $0) } }) else {
+                return nil
+            }
+            return .mutation(.putVersion(VersionRecord(id: id, ino: ino, created: created, size: size, chunks: chunks,
+                                                       origin: origin, device: device, movedFrom: movedFrom)))
+        }
+
+        mutating func plainMutation(_ tag: UInt8) -> Mutation? {
             switch tag {
             case 1:
                 guard let ino = u64(), let container = string(), let rawKind = byte(), let kind = NodeKind(rawValue: rawKind),

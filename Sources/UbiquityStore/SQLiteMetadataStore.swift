@@ -814,6 +814,10 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         return seq
     }
 
+    /// The lists the versions of the batch being applied were stored against (`storedChunks`),
+    /// for its change-log row. Guarded by mutex.
+    private var sharedInBatch: BatchCoding.SharedChunks = [:]
+
     /// Set by `applyLocked` when it failed and its savepoint could not be undone or released:
     /// the transaction must end. `journaled`: the batch reached the journal (it counts as committed).
     private var lostSavepoint: (seq: ChangeSeq, journaled: Bool)?
@@ -840,7 +844,13 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                     }
                 }
             }
-            let encoded = BatchCoding.encode(batch.mutations)
+            // A big file's version names a shared list in the log, as in its row: known once
+            // applied, so such a batch's row is written after (`sharedInBatch`).
+            let sharesLists = batch.mutations.contains {
+                if case .putVersion(let v) = $0 { return v.chunks.count >= Self.sharedListMinimum }
+                return false
+            }
+            let encoded = sharesLists ? [] : BatchCoding.encode(batch.mutations)
             if let wanted {
                 try run("INSERT INTO changes(seq, writer, batch) VALUES(?1, ?2, ?3)") { b throws(StoreError) in
                     try b.int(1, wanted)
@@ -856,11 +866,19 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             seq = sqlite3_last_insert_rowid(db)
             var maxIno = g.maxIno
             var maxVersion = g.maxVersion
+            sharedInBatch = [:]
             for mutation in batch.mutations {
                 try apply(mutation, seq: seq, maxIno: &maxIno, maxVersion: &maxVersion)
             }
+            if sharesLists {
+                let compact = BatchCoding.encode(batch.mutations, shared: sharedInBatch)
+                try run("UPDATE changes SET batch = ?2 WHERE seq = ?1") { b throws(StoreError) in
+                    try b.int(1, seq)
+                    try b.blob(2, compact)
+                }
+            }
             if journaled, let journal {
-                try journal.append(BatchCoding.encodeRecord(seq: seq, batch: batch, encoded: encoded))
+                try journal.append(BatchCoding.encodeRecord(seq: seq, batch: batch, encoded: sharesLists ? nil : encoded))
                 inJournal = true
             }
             try run("RELEASE batch")
@@ -1098,6 +1116,23 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try applyJournalsLocked()
             }
             var result: [ChangeRecord] = []
+            // The shared lists the rows name, read once each, in the rows' transaction: a list a
+            // row names and that is gone went with a version a later row deletes.
+            var lists: [Int64: [UInt8]?] = [:]
+            var listError: StoreError?
+            func list(_ id: Int64) -> [UInt8]? {
+                if let known = lists[id] { return known }
+                var found: [UInt8]?
+                do {
+                    try run("SELECT chunks FROM chunk_lists WHERE id = ?1", bind: { b throws(StoreError) in try b.int(1, id) },
+                            row: { r in found = r.blob(0) })
+                } catch {
+                    listError = error
+                    return nil
+                }
+                lists[id] = found
+                return found
+            }
             // One read transaction: the trim mark and the rows from one state of the database.
             try run("BEGIN")
             defer { if (try? run("COMMIT")) == nil { rollbackIfNeeded() } }
@@ -1111,7 +1146,9 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                         if let writer { try b.text(2, writer) }   // unbound: NULL, which every writer is not
                     },
                     row: { (r) throws(StoreError) in
-                guard let mutations = BatchCoding.decode(r.blob(2)) else {
+                let decoded = BatchCoding.decode(r.blob(2), lists: list)
+                if let listError { throw listError }
+                guard let mutations = decoded else {
                     throw StoreError(.corrupt, "\(path): change \(r.int(0)) cannot be read")
                 }
                 result.append(ChangeRecord(seq: r.int(0), writer: r.text(1), mutations: mutations))
@@ -1292,6 +1329,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             }
         case .putVersion(let v):
             let (list, chunks) = try storedChunks(of: v)
+            if let list { sharedInBatch[v.id] = (list, chunks) }
             // Plain INSERT: versions are immutable, a second put of one id is an error.
             try run("""
                 INSERT INTO versions(id, ino, created, size, origin, device, chunks, moved_from, list)
@@ -1452,16 +1490,18 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
 
     // MARK: For tests
 
-    /// How each version's chunk list is stored: the list it names and its row's bytes; and the
-    /// shared lists there are.
-    func chunkListStorage() throws(StoreError) -> (versions: [(id: VersionID, list: Int64?, bytes: Int)], lists: [Int64]) {
-        try mutex.withLock { () throws(StoreError) -> (versions: [(id: VersionID, list: Int64?, bytes: Int)], lists: [Int64]) in
-            var versions: [(id: VersionID, list: Int64?, bytes: Int)] = [], lists: [Int64] = []
+    /// How each version's chunk list is stored: the list it names and its row's bytes; the
+    /// shared lists there are; and the bytes of each change-log row.
+    func chunkListStorage() throws(StoreError)
+        -> (versions: [(id: VersionID, list: Int64?, bytes: Int)], lists: [Int64], changeBytes: [Int]) {
+        try mutex.withLock { () throws(StoreError) -> (versions: [(id: VersionID, list: Int64?, bytes: Int)], lists: [Int64], changeBytes: [Int]) in
+            var versions: [(id: VersionID, list: Int64?, bytes: Int)] = [], lists: [Int64] = [], changeBytes: [Int] = []
             try run("SELECT id, list, length(chunks) FROM versions ORDER BY id", row: { r in
                 versions.append((r.int(0), r.isNull(1) ? nil : r.int(1), Int(r.int(2))))
             })
             try run("SELECT id FROM chunk_lists ORDER BY id", row: { r in lists.append(r.int(0)) })
-            return (versions, lists)
+            try run("SELECT length(batch) FROM changes ORDER BY seq", row: { r in changeBytes.append(Int(r.int(0))) })
+            return (versions, lists, changeBytes)
         }
     }
 

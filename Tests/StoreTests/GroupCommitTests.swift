@@ -73,6 +73,50 @@ final class GroupCommitTests: XCTestCase {
         return try XCTUnwrap(try journals(root + "/saved").first)
     }
 
+    /// A big file's versions acknowledged in a group that never committed land from the
+    /// journal (whose records carry whole lists) on the list the committed one started; the
+    /// change log's rows name that list instead of carrying it, and read back whole; once the
+    /// file is deleted (its lists with it) the records leave its versions out, not the delete.
+    func testBigVersionsFromAJournalLandOnTheirSharedList() throws {
+        let n = SQLiteMetadataStore.sharedListMinimum + 1
+        func refs(_ seed: UInt64, count: Int = n) -> [ChunkRef] {
+            (0..<count).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: 1, checksum: seed) }
+        }
+        func version(_ id: VersionID, _ chunks: [ChunkRef]) -> VersionRecord {
+            VersionRecord(id: id, ino: 5, created: id, size: UInt64(chunks.count), chunks: chunks, origin: .published, device: "a")
+        }
+        let v1 = version(1, refs(1)), v2 = version(2, refs(1) + refs(2, count: 1))
+        let v3 = version(3, Array(refs(1).dropLast()) + refs(3, count: 2))
+        do {
+            let a = try daemon(root + "/a")
+            _ = try a.commit(Batch([.putNode(Sample.node(5, version: 1)), .putVersion(v1)], writer: "a"), durable: true)
+            for v in [v2, v3] {
+                _ = try a.commit(Batch([.putVersion(v), .putNode(Sample.node(5, version: v.id))], writer: "a"), durable: false)
+            }
+            try copyFiles(from: root + "/a", to: root + "/saved")
+            withExtendedLifetime(a) {}
+        }
+        try restore(into: root + "/b", journal: true)
+        XCTAssertEqual(try SQLiteMetadataStore(readOnlyPath: root + "/b/metadata.sqlite3").versions(of: 5), [v1])
+        let b = try daemon(root + "/b")
+        XCTAssertEqual(try b.versions(of: 5), [v1, v2, v3])
+        let stored = try b.chunkListStorage()
+        XCTAssertEqual(stored.lists, [1])
+        XCTAssertEqual(stored.versions.map(\.list), [1, 1, 1])
+        XCTAssertEqual(stored.changeBytes.count, 3)
+        XCTAssertTrue(stored.changeBytes.allSatisfy { $0 < n * ChunkPacking.entrySize / 2 }, "\(stored.changeBytes)")
+        func versions(_ records: [ChangeRecord]) -> [VersionRecord] {
+            records.flatMap(\.mutations).compactMap { if case .putVersion(let v) = $0 { v } else { nil } }
+        }
+        XCTAssertEqual(versions(try b.changes(since: 0)), [v1, v2, v3])
+        _ = try b.commit(Batch([.deleteNode(5)], writer: "b"), durable: true)
+        XCTAssertEqual(try b.chunkListStorage().lists, [])
+        let after = try b.changes(since: 0)
+        XCTAssertEqual(versions(after), [], "their list is gone, and a later record deletes them")
+        XCTAssertEqual(after.map(\.seq), [1, 2, 3, 4])
+        XCTAssertTrue(after.last?.mutations.contains { if case .deleteNode(5) = $0 { true } else { false } } ?? false)
+    }
+
     func testAKilledDaemonsOpenGroupLandsWhenTheStoreOpensAgain() throws {
         let seqs = try killedWithGroupOpen()
         try restore(into: root + "/b", journal: true)
