@@ -124,6 +124,42 @@ final class TwoMountsTests: MountTestCase {
         try unmount()
     }
 
+    /// A file big enough that its versions share a chunk list in the store: appends through A
+    /// show through B (whose change feed reads each version as the list it names and what it
+    /// changed), each append is a version, the first comes back whole, and after both stop the
+    /// store checks whole and the file reads the same.
+    func testABigFilesAppendsShowThroughTheOtherMount() throws {
+        try mount(extra: Self.longCache)
+        try mountSecond()
+        let a = docs("Notes") + "/big.bin", b = second + "/Notes/big.bin"
+        let first = [UInt8](try XCTUnwrap(FileHandle(forReadingAtPath: "/dev/urandom")?.readData(ofLength: 66 * 1024 * 1024 + 17)))
+        XCTAssertEqual(Posix.writeFile(a, first), 0)
+        var content = first
+        for i in 0..<4 {
+            let line = Array("line \(i)\n".utf8)
+            let fd = open(a, O_WRONLY | O_APPEND)
+            XCTAssertGreaterThanOrEqual(fd, 0)
+            XCTAssertEqual(line.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }, line.count)
+            XCTAssertEqual(close(fd), 0)
+            content += line
+        }
+        eventually("the appended file on B") { Posix.readFile(b) == content }
+        let listed = ubiquityfs(["versions", a])
+        let rows = listed.lines.dropFirst().map { $0.split(separator: " ", omittingEmptySubsequences: true).map(String.init) }
+        XCTAssertEqual(rows.map { $0[3] }, [first.count, first.count + 7, first.count + 14, first.count + 21, first.count + 28].map(String.init),
+                       listed.stdout)
+        let restored = ubiquityfs(["restore", a, "--version", try XCTUnwrap(rows.first?.first)])
+        XCTAssertTrue(restored.succeeded, "\(restored)")
+        XCTAssertEqual(Posix.readFile(a), first)
+        eventually("the restored file on B") { Posix.readFile(b) == first }
+        try unmount(at: second)
+        try unmount()
+        assertStoreWhole()
+        try mount()
+        XCTAssertEqual(Posix.readFile(a), first)
+        try unmount()
+    }
+
     /// Close-to-open even while a program here keeps the file open: a new open after the other
     /// mount published reads the new content.
     func testANewOpenReadsTheOtherMountsPublishWhileTheFileIsHeldOpen() throws {
