@@ -73,8 +73,16 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     // MARK: Rows
 
+    /// The lists the versions of the batch being committed were stored against, for its
+    /// change-log row. Guarded by mutex (commits run under it).
+    private var sharedInBatch: BatchCoding.SharedChunks = [:]
+
     private static let nodeColumns = "ino, container, kind, mode, uid, gid, nlink, size, atime, mtime, ctime, btime, rdev, target, current_version"
-    private static let versionColumns = "id, ino, created, size, origin, device, chunks, moved_from"
+    /// A version row with the shared list it names, if any; queries add `WHERE v.…`.
+    private static let versionSelect = """
+        SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks, v.moved_from, v.list, l.chunks
+        FROM ubiquityfs.versions v LEFT JOIN ubiquityfs.chunk_lists l ON l.id = v.list
+        """
 
     private func corrupt(_ what: String) -> StoreError {
         StoreError(.corrupt, "\(redacted(url)): \(what)")
@@ -98,7 +106,17 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         guard let origin = VersionOrigin(rawValue: r.text(i, 4)) else {
             throw corrupt("version \(id) has unknown origin \(r.text(i, 4))")
         }
-        guard let chunks = try r.withBytes(i, 6, { ChunkPacking.unpack($0) }) else {
+        let chunks: [ChunkRef]?
+        if r.isNull(i, 8) {
+            chunks = try r.withBytes(i, 6, { ChunkPacking.unpack($0) })
+        } else if r.isNull(i, 9) {
+            throw corrupt("version \(id) names chunk list \(r.int(i, 8)), which is missing")
+        } else {
+            chunks = try r.withBytes(i, 6) { (changes) throws(StoreError) in
+                try r.withBytes(i, 9) { list in ChunkDelta.resolve(changes, over: list) }
+            }
+        }
+        guard let chunks else {
             throw corrupt("version \(id) has a malformed chunk list")
         }
         return VersionRecord(id: id, ino: r.uint(i, 1), created: r.int(i, 2), size: r.uint(i, 3),
@@ -146,8 +164,8 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             }
             s.containers = try readContainers()
             s.currentVersions = try versions(c.query("""
-                SELECT v.id, v.ino, v.created, v.size, v.origin, v.device, v.chunks, v.moved_from
-                FROM ubiquityfs.versions v JOIN ubiquityfs.nodes n ON n.current_version = v.id ORDER BY v.id
+                \(Self.versionSelect)
+                WHERE v.id IN (SELECT current_version FROM ubiquityfs.nodes WHERE current_version IS NOT NULL) ORDER BY v.id
                 """))
             let meta = try c.query("SELECT key, value FROM ubiquityfs.meta")
             for i in 0..<meta.count { s.meta[meta.text(i, 0)] = meta.text(i, 1) }
@@ -288,9 +306,11 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         for e in batch.expectations { try check(e) }
         var maxIno: UInt64 = 0
         var maxVersion: Int64 = 0
+        sharedInBatch = [:]
         for mutation in batch.mutations { try apply(mutation, seq: seq, maxIno: &maxIno, maxVersion: &maxVersion) }
+        // A big file's version names its shared list in the log as in its row.
         try c.execute("INSERT INTO ubiquityfs.changes(seq, writer, token, batch) VALUES($1, $2, $3, $4)",
-                      [.int(seq), .text(batch.writer), .text(token), .bytes(BatchCoding.encode(batch.mutations))])
+                      [.int(seq), .text(batch.writer), .text(token), .bytes(BatchCoding.encode(batch.mutations, shared: sharedInBatch))])
         // The high-water marks, compared unsigned as the embedded store does (row-locked:
         // reservations move them outside the commit order).
         if maxIno != 0 {
@@ -351,7 +371,12 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                       .bytes(n.target), .int(n.currentVersion), .int(seq)])
             if maxIno == 0 || n.ino > maxIno { maxIno = n.ino }
         case .deleteNode(let ino):
+            // The lists only its versions name go with them.
             for sql in ["DELETE FROM ubiquityfs.nodes WHERE ino = $1", "DELETE FROM ubiquityfs.xattrs WHERE ino = $1",
+                        """
+                        DELETE FROM ubiquityfs.chunk_lists l WHERE l.id IN (SELECT list FROM ubiquityfs.versions WHERE ino = $1)
+                        AND NOT EXISTS (SELECT 1 FROM ubiquityfs.versions o WHERE o.list = l.id AND o.ino <> $1)
+                        """,
                         "DELETE FROM ubiquityfs.versions WHERE ino = $1"] {
                 try c.execute(sql, [.int(Int64(bitPattern: ino))])
             }
@@ -371,11 +396,16 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         case .deleteXattr(let ino, let name):
             try c.execute("DELETE FROM ubiquityfs.xattrs WHERE ino = $1 AND name = $2", [.int(Int64(bitPattern: ino)), .bytes(name)])
         case .putVersion(let v):
+            let (list, chunks) = try storedChunks(of: v)
+            if let list { sharedInBatch[v.id] = (list, chunks) }
             // Plain INSERT: versions are immutable, a second put of one id is an error.
-            try c.execute("INSERT INTO ubiquityfs.versions(\(Self.versionColumns)) VALUES($1, $2, $3, $4, $5, $6, $7, $8)",
+            try c.execute("""
+                INSERT INTO ubiquityfs.versions(id, ino, created, size, origin, device, chunks, moved_from, list)
+                VALUES($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                """,
                           [.int(v.id), .int(Int64(bitPattern: v.ino)), .int(v.created), .int(Int64(bitPattern: v.size)),
-                           .text(v.origin.rawValue), .text(v.device), .bytes(ChunkPacking.pack(v.chunks)),
-                           .int(v.movedFrom.map { Int64(bitPattern: $0) })])
+                           .text(v.origin.rawValue), .text(v.device), .bytes(chunks),
+                           .int(v.movedFrom.map { Int64(bitPattern: $0) }), .int(list)])
             maxVersion = max(maxVersion, v.id)
         case .putContainer(let r):
             try c.execute("""
@@ -389,7 +419,13 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
                       .text(r.folderLevels), .text(r.registeredVersion), .text(r.manifestPath),
                       .int(Int64(bitPattern: r.rootIno))])
         case .deleteVersion(let id):
-            try c.execute("DELETE FROM ubiquityfs.versions WHERE id = $1", [.int(id)])
+            let gone = try c.execute("DELETE FROM ubiquityfs.versions WHERE id = $1 RETURNING list", [.int(id)])
+            if gone.count == 1, !gone.isNull(0, 0) {
+                try c.execute("""
+                    DELETE FROM ubiquityfs.chunk_lists WHERE id = $1
+                    AND NOT EXISTS (SELECT 1 FROM ubiquityfs.versions WHERE list = $1)
+                    """, [.int(gone.int(0, 0))])
+            }
         case .moveVersions(let from, let to):
             try c.execute("UPDATE ubiquityfs.versions SET ino = $2, moved_from = coalesce(moved_from, $1) WHERE ino = $1",
                           [.int(Int64(bitPattern: from)), .int(Int64(bitPattern: to))])
@@ -403,6 +439,24 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
+    /// As the embedded store's (see there): how a big file's version is stored, against the
+    /// list its file's newest version names, or in a new list of its own id. Inside the
+    /// commit's transaction.
+    private func storedChunks(of v: VersionRecord) throws -> (list: Int64?, bytes: [UInt8]) {
+        guard v.chunks.count >= ChunkDelta.sharedListMinimum else { return (nil, ChunkPacking.pack(v.chunks)) }
+        let c = connection
+        let found = try c.execute("""
+            SELECT l.id, l.chunks FROM ubiquityfs.versions v JOIN ubiquityfs.chunk_lists l ON l.id = v.list
+            WHERE v.ino = $1 ORDER BY v.id DESC LIMIT 1
+            """, [.int(Int64(bitPattern: v.ino))])
+        var base: (id: Int64, chunks: [ChunkRef])?
+        if found.count == 1, let chunks = try found.withBytes(0, 1, { ChunkPacking.unpack($0) }) { base = (found.int(0, 0), chunks) }
+        if let shared = ChunkDelta.shared(v.chunks, over: base) { return (shared.list, shared.changes) }
+        try c.execute("INSERT INTO ubiquityfs.chunk_lists(id, chunks) VALUES($1, $2) ON CONFLICT (id) DO NOTHING",
+                      [.int(v.id), .bytes(ChunkPacking.pack(v.chunks))])
+        return (v.id, ChunkDelta.pack(count: v.chunks.count, []))
+    }
+
     public func changes(since seq: ChangeSeq) throws(StoreError) -> [ChangeRecord] {
         try reading { () throws(StoreError) -> [ChangeRecord] in
             let trimmed = try connection.query("SELECT value FROM ubiquityfs.store WHERE key = 'trimmed_through'").int(0, 0)
@@ -412,8 +466,25 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             let r = try connection.query("SELECT seq, writer, batch FROM ubiquityfs.changes WHERE seq > $1 ORDER BY seq", [.int(seq)])
             var out: [ChangeRecord] = []
             out.reserveCapacity(r.count)
+            // The shared lists the rows name, read once each in the rows' transaction: a list
+            // that is gone went with a version a later row deletes.
+            var lists: [Int64: [UInt8]?] = [:]
+            var listError: StoreError?
+            func list(_ id: Int64) -> [UInt8]? {
+                if let known = lists[id] { return known }
+                do {
+                    let found = try connection.query("SELECT chunks FROM ubiquityfs.chunk_lists WHERE id = $1", [.int(id)])
+                    lists[id] = found.count == 1 ? found.bytes(0, 0) : nil
+                } catch {
+                    listError = error
+                    return nil
+                }
+                return lists[id] ?? nil
+            }
             for i in 0..<r.count {
-                guard let mutations = BatchCoding.decode(r.bytes(i, 2)) else {
+                let decoded = BatchCoding.decode(r.bytes(i, 2), lists: list)
+                if let listError { throw listError }
+                guard let mutations = decoded else {
                     throw corrupt("change \(r.int(i, 0)) cannot be read")
                 }
                 out.append(ChangeRecord(seq: r.int(i, 0), writer: r.text(i, 1), mutations: mutations))
@@ -478,7 +549,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func versions(of ino: InodeNumber) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
-            try versions(connection.query("SELECT \(Self.versionColumns) FROM ubiquityfs.versions WHERE ino = $1 ORDER BY id",
+            try versions(connection.query("\(Self.versionSelect) WHERE v.ino = $1 ORDER BY v.id",
                                           [.int(Int64(bitPattern: ino))]))
         }
     }
@@ -492,20 +563,20 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func version(_ id: VersionID) throws(StoreError) -> VersionRecord? {
         try mutex.withLock { () throws(StoreError) -> VersionRecord? in
-            try versions(connection.query("SELECT \(Self.versionColumns) FROM ubiquityfs.versions WHERE id = $1", [.int(id)])).first
+            try versions(connection.query("\(Self.versionSelect) WHERE v.id = $1", [.int(id)])).first
         }
     }
 
     public func versions(withOrigin origin: VersionOrigin) throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
-            try versions(connection.query("SELECT \(Self.versionColumns) FROM ubiquityfs.versions WHERE origin = $1 ORDER BY id",
+            try versions(connection.query("\(Self.versionSelect) WHERE v.origin = $1 ORDER BY v.id",
                                           [.text(origin.rawValue)]))
         }
     }
 
     public func allVersions() throws(StoreError) -> [VersionRecord] {
         try mutex.withLock { () throws(StoreError) -> [VersionRecord] in
-            try versions(connection.query("SELECT \(Self.versionColumns) FROM ubiquityfs.versions ORDER BY id"))
+            try versions(connection.query("\(Self.versionSelect) ORDER BY v.id"))
         }
     }
 
@@ -513,11 +584,21 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
 
     public func referencedBlobs() throws(StoreError) -> Set<BlobID> {
         try mutex.withLock { () throws(StoreError) -> Set<BlobID> in
-            let r = try connection.query("SELECT chunks FROM ubiquityfs.versions")
+            // Every entry of every list, whole or shared, and of every version's changes (as the
+            // embedded store counts them).
             var out: Set<BlobID> = []
+            let r = try connection.query("SELECT chunks, list FROM ubiquityfs.versions")
             for i in 0..<r.count {
-                guard let chunks = try r.withBytes(i, 0, { ChunkPacking.unpack($0) }) else {
+                let shared = !r.isNull(i, 1)
+                guard let chunks = try r.withBytes(i, 0, { shared ? ChunkDelta.changes($0)?.map(\.chunk) : ChunkPacking.unpack($0) }) else {
                     throw corrupt("a version's chunk list is corrupt")
+                }
+                for c in chunks where !c.isHole { out.insert(c.blob) }
+            }
+            let lists = try connection.query("SELECT chunks FROM ubiquityfs.chunk_lists")
+            for i in 0..<lists.count {
+                guard let chunks = try lists.withBytes(i, 0, { ChunkPacking.unpack($0) }) else {
+                    throw corrupt("a shared chunk list is corrupt")
                 }
                 for c in chunks where !c.isHole { out.insert(c.blob) }
             }

@@ -17,7 +17,8 @@ import UbiquityStore
 
 /// 1: the first shared schema. 2: `tokens`, the tokens of trimmed change-log rows. 3: each
 /// version's `moved_from` (the file it was published for, when moved into another's history).
-let postgresSchemaVersion: Int64 = 3
+/// 4: chunk lists shared between a big file's versions (`chunk_lists`, each version's `list`).
+let postgresSchemaVersion: Int64 = 4
 
 /// The channel other machines LISTEN on; a commit NOTIFYs it.
 let changeChannel = "ubiquityfs_changes"
@@ -85,9 +86,15 @@ let postgresSchemaSQL = """
         origin text NOT NULL,
         device text NOT NULL,
         chunks bytea NOT NULL,
-        moved_from bigint
+        moved_from bigint,
+        list bigint
     );
     CREATE INDEX IF NOT EXISTS versions_by_ino ON ubiquityfs.versions(ino, id);
+    CREATE INDEX IF NOT EXISTS versions_by_list ON ubiquityfs.versions(list);
+    CREATE TABLE IF NOT EXISTS ubiquityfs.chunk_lists(
+        id bigint PRIMARY KEY,
+        chunks bytea NOT NULL
+    );
     CREATE TABLE IF NOT EXISTS ubiquityfs.containers(
         identifier text PRIMARY KEY,
         bundle_identifier text NOT NULL,
@@ -182,6 +189,12 @@ private func migrate(_ c: PGConnection, from: Int64) throws(StoreError) {
         1: "CREATE TABLE IF NOT EXISTS ubiquityfs.tokens(token text PRIMARY KEY, seq bigint NOT NULL, trimmed bigint NOT NULL)",
         // A power cut's revert goes back only to a file's own versions.
         2: "ALTER TABLE ubiquityfs.versions ADD COLUMN IF NOT EXISTS moved_from bigint",
+        // A big file's versions share a chunk list (rows written before stay whole).
+        3: """
+            ALTER TABLE ubiquityfs.versions ADD COLUMN IF NOT EXISTS list bigint;
+            CREATE INDEX IF NOT EXISTS versions_by_list ON ubiquityfs.versions(list);
+            CREATE TABLE IF NOT EXISTS ubiquityfs.chunk_lists(id bigint PRIMARY KEY, chunks bytea NOT NULL)
+            """,
     ]
     for version in from..<postgresSchemaVersion {
         guard let sql = steps[version] else {

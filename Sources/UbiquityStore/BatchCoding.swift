@@ -1,8 +1,8 @@
 // A compact binary encoding of a batch's mutations, for the change log. Every commit writes one,
 // so it must be cheap (JSON cost more than the rest of a commit). Little endian; lengths as
-// LEB128 varints; a leading format byte so a later layout can be told apart. In the embedded
-// store's change log a big file's version names its shared chunk list and carries only its
-// changes from it (tags 14, 15); journal records and the shared store's log carry whole lists.
+// LEB128 varints; a leading format byte so a later layout can be told apart. In a store's change
+// log a big file's version names its shared chunk list and carries only its changes from it
+// (tags 14, 15); a journal's records carry whole lists.
 
 import Foundation
 
@@ -16,13 +16,13 @@ package enum BatchCoding {
         return w.out
     }
 
-    /// How the embedded store stored a version's list (`SQLiteMetadataStore.storedChunks`): the
-    /// shared list it names and its changes from it (`ChunkDelta`).
+    /// How a store stored a version's list (`storedChunks`): the shared list it names and its
+    /// changes from it (`ChunkDelta`).
     package typealias SharedChunks = [VersionID: (list: Int64, changes: [UInt8])]
 
     /// `encode`, with the versions in `shared` written as the list they name and their changes
-    /// (tags 14 and 15), not their whole lists: the embedded store's change log, whose readers
-    /// resolve them through its `chunk_lists` (`decode(_:lists:)`).
+    /// (tags 14 and 15), not their whole lists: a store's change log, whose readers resolve
+    /// them through its `chunk_lists` (`decode(_:lists:)`).
     package static func encode(_ mutations: [Mutation], shared: SharedChunks) -> [UInt8] {
         var w = Writer()
         w.shared = shared

@@ -120,7 +120,7 @@ private let schemaSQL = """
 
 /// Chunk list ↔ BLOB: per chunk blob u64, length u32, checksum u64, little endian (20 bytes).
 package enum ChunkPacking {
-    static let entrySize = 20
+    package static let entrySize = 20
 
     package static func pack(_ chunks: [ChunkRef]) -> [UInt8] {
         var out = [UInt8]()
@@ -164,7 +164,21 @@ package enum ChunkPacking {
 /// length, then per changed entry its u32 index (increasing) and the entry as `ChunkPacking`
 /// packs it, little endian. Every index at or past the shared list's length is among them.
 package enum ChunkDelta {
-    static let entrySize = 4 + ChunkPacking.entrySize
+    package static let entrySize = 4 + ChunkPacking.entrySize
+    /// Chunk lists at least this long are shared between a file's versions; shorter ones (files
+    /// under 64 MiB) are stored whole in the version's row.
+    package static let sharedListMinimum = 64
+
+    /// How a version's list of `sharedListMinimum` entries or more is stored against `base`
+    /// (the list its file's newest version names): that list and the changes from it, or nil
+    /// when there is none or the changes are more than a quarter of it, and a new list (of the
+    /// version's own id) is due. A version is then read with one list at most.
+    package static func shared(_ chunks: [ChunkRef], over base: (id: Int64, chunks: [ChunkRef])?) -> (list: Int64, changes: [UInt8])? {
+        guard let base else { return nil }
+        let changes = differences(chunks, from: base.chunks)
+        guard changes.count * entrySize <= chunks.count * ChunkPacking.entrySize / 4 else { return nil }
+        return (base.id, pack(count: chunks.count, changes))
+    }
 
     /// The entries of `chunks` that differ from `base`, or lie past its end.
     static func differences(_ chunks: [ChunkRef], from base: [ChunkRef]) -> [(index: Int, chunk: ChunkRef)] {
@@ -173,7 +187,7 @@ package enum ChunkDelta {
         return out
     }
 
-    static func pack(count: Int, _ changes: [(index: Int, chunk: ChunkRef)]) -> [UInt8] {
+    package static func pack(count: Int, _ changes: [(index: Int, chunk: ChunkRef)]) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: 4 + changes.count * entrySize)
         out.withUnsafeMutableBytes { raw in
             raw.storeBytes(of: UInt32(count).littleEndian, toByteOffset: 0, as: UInt32.self)
@@ -190,7 +204,7 @@ package enum ChunkDelta {
     }
 
     /// The changes alone (nil: malformed, or indexes not increasing).
-    static func changes(_ bytes: UnsafeRawBufferPointer) -> [(index: Int, chunk: ChunkRef)]? {
+    package static func changes(_ bytes: UnsafeRawBufferPointer) -> [(index: Int, chunk: ChunkRef)]? {
         guard bytes.count >= 4, (bytes.count - 4) % entrySize == 0 else { return nil }
         var out: [(index: Int, chunk: ChunkRef)] = []
         out.reserveCapacity((bytes.count - 4) / entrySize)
@@ -209,7 +223,7 @@ package enum ChunkDelta {
 
     /// The whole list: `list` (packed) cut or extended to the stored length, the changes applied.
     /// Nil when malformed: a change past the length, or an entry past the list's end missing.
-    static func resolve(_ bytes: UnsafeRawBufferPointer, over list: UnsafeRawBufferPointer) -> [ChunkRef]? {
+    package static func resolve(_ bytes: UnsafeRawBufferPointer, over list: UnsafeRawBufferPointer) -> [ChunkRef]? {
         guard bytes.count >= 4, var chunks = ChunkPacking.unpack(list), let changes = changes(bytes) else { return nil }
         let count = Int(UInt32(littleEndian: bytes.loadUnaligned(fromByteOffset: 0, as: UInt32.self)))
         let shared = min(count, chunks.count)
@@ -531,9 +545,6 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private static let versionSelectBefore4 = "SELECT id, ino, created, size, origin, device, chunks, moved_from, NULL, NULL FROM versions v"
     private static let versionSelectBefore3 = "SELECT id, ino, created, size, origin, device, chunks, NULL, NULL, NULL FROM versions v"
     private var versionSelect = SQLiteMetadataStore.versionSelect
-    /// Chunk lists at least this long are shared between a file's versions (`storedChunks`);
-    /// shorter ones (files under 64 MiB) are stored whole in the version's row.
-    static let sharedListMinimum = 64
 
     private func decodeNode(_ r: Row, containers: TextInterner) throws(StoreError) -> NodeRecord {
         let ino = r.uint(0)
@@ -847,7 +858,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             // A big file's version names a shared list in the log, as in its row: known once
             // applied, so such a batch's row is written after (`sharedInBatch`).
             let sharesLists = batch.mutations.contains {
-                if case .putVersion(let v) = $0 { return v.chunks.count >= Self.sharedListMinimum }
+                if case .putVersion(let v) = $0 { return v.chunks.count >= ChunkDelta.sharedListMinimum }
                 return false
             }
             let encoded = sharesLists ? [] : BatchCoding.encode(batch.mutations)
@@ -1386,28 +1397,22 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         }
     }
 
-    /// How a version's chunk list is stored: whole in its row (no list) when short; else as its
-    /// differences from the list the file's newest version names (a publish changes a few chunks
-    /// of a big file: an append, the tail), or in a new list when those differences are more
-    /// than a quarter of it. A new list takes the id of the version it is made for, so a replay
-    /// of the same batches (a journal, a replica) makes the same lists; a list of that id, if
-    /// there is one, is that version's whole list already (versions never change). A version is
-    /// read with one list at most, and no list row changes: deleting a version deletes its list
-    /// only when no other version names it. Caller holds mutex, inside a transaction.
+    /// How a version's chunk list is stored: whole in its row (no list) when short; else against
+    /// the list the file's newest version names (`ChunkDelta.shared`: a publish changes a few
+    /// chunks of a big file, an append its tail), or in a new list. A new list takes the id of
+    /// the version it is made for, so a replay of the same batches (a journal, a replica) makes
+    /// the same lists; a list of that id, if there is one, is that version's whole list already
+    /// (versions never change). No list row changes: deleting a version deletes its list only
+    /// when no other version names it. Caller holds mutex, inside a transaction.
     private func storedChunks(of v: VersionRecord) throws(StoreError) -> (list: Int64?, bytes: [UInt8]) {
-        guard v.chunks.count >= Self.sharedListMinimum else { return (nil, ChunkPacking.pack(v.chunks)) }
+        guard v.chunks.count >= ChunkDelta.sharedListMinimum else { return (nil, ChunkPacking.pack(v.chunks)) }
         var base: (id: Int64, chunks: [ChunkRef])?
         try run("""
             SELECT l.id, l.chunks FROM versions v JOIN chunk_lists l ON l.id = v.list
             WHERE v.ino = ?1 ORDER BY v.id DESC LIMIT 1
             """, bind: { b throws(StoreError) in try b.uint(1, v.ino) },
             row: { r in if let chunks = r.withBlob(1, ChunkPacking.unpack) { base = (r.int(0), chunks) } })
-        if let base {
-            let changes = ChunkDelta.differences(v.chunks, from: base.chunks)
-            if changes.count * ChunkDelta.entrySize <= v.chunks.count * ChunkPacking.entrySize / 4 {
-                return (base.id, ChunkDelta.pack(count: v.chunks.count, changes))
-            }
-        }
+        if let shared = ChunkDelta.shared(v.chunks, over: base) { return (shared.list, shared.changes) }
         try run("INSERT OR IGNORE INTO chunk_lists(id, chunks) VALUES(?1, ?2)") { b throws(StoreError) in
             try b.int(1, v.id)
             try b.blob(2, ChunkPacking.pack(v.chunks))

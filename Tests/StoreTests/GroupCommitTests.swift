@@ -78,7 +78,7 @@ final class GroupCommitTests: XCTestCase {
     /// change log's rows name that list instead of carrying it, and read back whole; once the
     /// file is deleted (its lists with it) the records leave its versions out, not the delete.
     func testBigVersionsFromAJournalLandOnTheirSharedList() throws {
-        let n = SQLiteMetadataStore.sharedListMinimum + 1
+        let n = ChunkDelta.sharedListMinimum + 1
         func refs(_ seed: UInt64, count: Int = n) -> [ChunkRef] {
             (0..<count).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: 1, checksum: seed) }
         }

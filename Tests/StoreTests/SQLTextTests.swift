@@ -8,10 +8,10 @@ import XCTest
 
 final class SQLTextTests: XCTestCase {
     /// What SQL text may interpolate, each a constant of this program: column lists (the
-    /// embedded store's version query is one of three constant texts, chosen at open), the
+    /// version query of each store, the embedded one's one of three chosen at open), the
     /// server-clock expression, table names from a fixed list (`for table in [...]`), the schema
     /// number being migrated to, the LISTEN channel, and the pragma a test reads.
-    static let constants: Set<String> = ["Self.nodeColumns", "Self.versionColumns",
+    static let constants: Set<String> = ["Self.nodeColumns", "Self.versionSelect",
                                          "versionSelect", "Self.serverMillis", "table",
                                          "version", "channel", "name"]
 
@@ -75,7 +75,7 @@ final class SQLTextTests: XCTestCase {
         let good = """
             try run("SELECT seq FROM changes WHERE token = ?1") { b in try b.text(1, token) }
             log("the store has schema version \\(version) and \\(count) nodes")
-            try c.query("SELECT \\(Self.versionColumns) FROM ubiquityfs.versions WHERE id = $1", [.int(id)])
+            try c.query("\\(Self.versionSelect) WHERE v.id = $1", [.int(id)])
             """
         XCTAssertEqual(Self.problems(in: good, file: "good", statements: &n), [])
     }

@@ -200,14 +200,23 @@ final class PostgresStoreTests: XCTestCase {
     /// A missing schema is a clear error pointing at init-store; a newer one is refused; a
     /// second init-store changes nothing.
     /// A store of schema version 1 is brought forward when opened; the tokens of trimmed change
-    /// log rows still say where a COMMIT whose answer was lost landed; versions gain `moved_from`.
+    /// log rows still say where a COMMIT whose answer was lost landed; versions gain `moved_from`,
+    /// and big files' versions share chunk lists.
     func testAnOlderSchemaIsBroughtForwardAndTokensOutliveTheLog() throws {
         let c = fixture.connection()
         try c.query("DROP TABLE ubiquityfs.tokens")
+        try c.query("DROP TABLE ubiquityfs.chunk_lists")
         try c.query("ALTER TABLE ubiquityfs.versions DROP COLUMN moved_from")
+        try c.query("ALTER TABLE ubiquityfs.versions DROP COLUMN list")
         try c.query("UPDATE ubiquityfs.store SET value = 1 WHERE key = 'schema_version'")
         let store = try PostgresMetadataStore(url: fixture.url)
-        XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 3)
+        XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 4)
+        let big = VersionRecord(id: 9, ino: 4, created: 1, size: 0,
+                                chunks: (1...70).map { ChunkRef(blob: UInt64($0), length: 1, checksum: 0) },
+                                origin: .published, device: "host")
+        try store.commit([.putVersion(big)], durable: false)
+        XCTAssertEqual(try store.versions(of: 4), [big])
+        XCTAssertEqual(try c.query("SELECT count(*) FROM ubiquityfs.chunk_lists").int(0, 0), 1)
         try store.commit([.putVersion(Sample.version(1, ino: 2)), .moveVersions(from: 2, to: 3)], durable: false)
         XCTAssertEqual(try store.versions(of: 3).map(\.movedFrom), [2])
         var unknown: Int32?
@@ -219,6 +228,46 @@ final class PostgresStoreTests: XCTestCase {
         // Opening again finds nothing to do.
         _ = try PostgresMetadataStore(url: fixture.url)
         XCTAssertEqual(try store.landed(token: "token-1", backend: 0), seq)
+    }
+
+    /// A big file's versions share a chunk list: each row, and each change-log row, holds what
+    /// it changed from the list; every read gives the whole list back; a list goes with the
+    /// last version naming it, and the change log then leaves the versions it named out.
+    func testBigFilesVersionsShareAChunkList() throws {
+        let store = try PostgresMetadataStore(url: fixture.url)
+        let c = fixture.connection()
+        let n = ChunkDelta.sharedListMinimum + 1
+        func refs(_ seed: UInt64, count: Int = n) -> [ChunkRef] {
+            (0..<count).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: 1, checksum: seed) }
+        }
+        func version(_ id: VersionID, _ chunks: [ChunkRef]) -> VersionRecord {
+            VersionRecord(id: id, ino: 5, created: id, size: UInt64(chunks.count), chunks: chunks, origin: .published, device: "a")
+        }
+        var tail = refs(1)
+        tail[n - 1] = .hole
+        let v1 = version(1, refs(1)), v2 = version(2, tail + refs(2, count: 1)), v3 = version(3, refs(3))
+        try store.commit([.putNode(Sample.node(5, version: 2)), .putVersion(v1), .putVersion(v2)], durable: true)
+        try store.commit([.putVersion(v3)], durable: true)
+        let rows = try c.query("SELECT id, list, length(chunks)::bigint FROM ubiquityfs.versions ORDER BY id")
+        XCTAssertEqual((0..<rows.count).map { rows.int($0, 1) }, [1, 1, 3])
+        XCTAssertEqual((0..<rows.count).map { rows.int($0, 2) }, [4, 4 + 2 * Int64(ChunkDelta.entrySize), 4])
+        let log = try c.query("SELECT max(length(batch))::bigint FROM ubiquityfs.changes")
+        XCTAssertLessThan(log.int(0, 0), Int64(n * ChunkPacking.entrySize), "the log names the list")
+        XCTAssertEqual(try store.versions(of: 5), [v1, v2, v3])
+        XCTAssertEqual(try store.version(2), v2)
+        XCTAssertEqual(try store.allVersions(), [v1, v2, v3])
+        XCTAssertEqual(try store.load().currentVersions, [v2])
+        func versions(_ records: [ChangeRecord]) -> [VersionRecord] {
+            records.flatMap(\.mutations).compactMap { if case .putVersion(let v) = $0 { v } else { nil } }
+        }
+        XCTAssertEqual(versions(try store.changes(since: 0)), [v1, v2, v3])
+        XCTAssertTrue(try store.referencedBlobs().isSuperset(of: Set([v1, v2, v3].flatMap { $0.chunks.filter { !$0.isHole }.map(\.blob) })))
+        try store.commit([.deleteVersion(1)], durable: true)
+        XCTAssertEqual(try store.versions(of: 5), [v2, v3])
+        XCTAssertEqual(try c.query("SELECT count(*) FROM ubiquityfs.chunk_lists").int(0, 0), 2, "v2 still names v1's list")
+        try store.commit([.deleteNode(5)], durable: true)
+        XCTAssertEqual(try c.query("SELECT count(*) FROM ubiquityfs.chunk_lists").int(0, 0), 0)
+        XCTAssertEqual(versions(try store.changes(since: 0)), [], "their lists are gone; later rows delete them")
     }
 
     func testSchemaMissingNewerAndInitAgain() throws {

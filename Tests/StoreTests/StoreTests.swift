@@ -385,7 +385,7 @@ final class EmbeddedStoreTests: XCTestCase {
             VersionRecord(id: id, ino: ino, created: id, size: UInt64(chunks.count * chunkSize), chunks: chunks,
                           origin: .published, device: "host")
         }
-        let n = SQLiteMetadataStore.sharedListMinimum + 36
+        let n = ChunkDelta.sharedListMinimum + 36
         var appended = refs(n, 1)
         appended[50] = .hole
         appended[n - 1] = ChunkRef(blob: 77, length: UInt32(chunkSize), checksum: 7)
