@@ -307,6 +307,7 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         var maxIno: UInt64 = 0
         var maxVersion: Int64 = 0
         sharedInBatch = [:]
+        defer { sharedInBatch = [:] }
         for mutation in batch.mutations { try apply(mutation, seq: seq, maxIno: &maxIno, maxVersion: &maxVersion) }
         // A big file's version names its shared list in the log as in its row.
         try c.execute("INSERT INTO ubiquityfs.changes(seq, writer, token, batch) VALUES($1, $2, $3, $4)",
@@ -450,7 +451,12 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             WHERE v.ino = $1 ORDER BY v.id DESC LIMIT 1
             """, [.int(Int64(bitPattern: v.ino))])
         var base: (id: Int64, chunks: [ChunkRef])?
-        if found.count == 1, let chunks = try found.withBytes(0, 1, { ChunkPacking.unpack($0) }) { base = (found.int(0, 0), chunks) }
+        if found.count == 1 {
+            guard let chunks = try found.withBytes(0, 1, { ChunkPacking.unpack($0) }) else {
+                throw corrupt("chunk list \(found.int(0, 0)) is malformed")
+            }
+            base = (found.int(0, 0), chunks)
+        }
         if let shared = ChunkDelta.shared(v.chunks, over: base) { return (shared.list, shared.changes) }
         try c.execute("INSERT INTO ubiquityfs.chunk_lists(id, chunks) VALUES($1, $2) ON CONFLICT (id) DO NOTHING",
                       [.int(v.id), .bytes(ChunkPacking.pack(v.chunks))])
@@ -466,24 +472,15 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
             let r = try connection.query("SELECT seq, writer, batch FROM ubiquityfs.changes WHERE seq > $1 ORDER BY seq", [.int(seq)])
             var out: [ChangeRecord] = []
             out.reserveCapacity(r.count)
-            // The shared lists the rows name, read once each in the rows' transaction: a list
-            // that is gone went with a version a later row deletes.
-            var lists: [Int64: [UInt8]?] = [:]
-            var listError: StoreError?
-            func list(_ id: Int64) -> [UInt8]? {
-                if let known = lists[id] { return known }
-                do {
-                    let found = try connection.query("SELECT chunks FROM ubiquityfs.chunk_lists WHERE id = $1", [.int(id)])
-                    lists[id] = found.count == 1 ? found.bytes(0, 0) : nil
-                } catch {
-                    listError = error
-                    return nil
-                }
-                return lists[id] ?? nil
+            // A list a row names and that is gone went with a version a later row deletes.
+            let connection = self.connection
+            let lists = ChunkListReader { (id) throws(StoreError) -> [UInt8]? in
+                let found = try connection.query("SELECT chunks FROM ubiquityfs.chunk_lists WHERE id = $1", [.int(id)])
+                return found.count == 1 ? found.bytes(0, 0) : nil
             }
             for i in 0..<r.count {
-                let decoded = BatchCoding.decode(r.bytes(i, 2), lists: list)
-                if let listError { throw listError }
+                let decoded = BatchCoding.decode(r.bytes(i, 2), lists: lists.list)
+                if let error = lists.error { throw error }
                 guard let mutations = decoded else {
                     throw corrupt("change \(r.int(i, 0)) cannot be read")
                 }

@@ -90,7 +90,7 @@ let postgresSchemaSQL = """
         list bigint
     );
     CREATE INDEX IF NOT EXISTS versions_by_ino ON ubiquityfs.versions(ino, id);
-    CREATE INDEX IF NOT EXISTS versions_by_list ON ubiquityfs.versions(list);
+    CREATE INDEX IF NOT EXISTS versions_by_list ON ubiquityfs.versions(list) WHERE list IS NOT NULL;
     CREATE TABLE IF NOT EXISTS ubiquityfs.chunk_lists(
         id bigint PRIMARY KEY,
         chunks bytea NOT NULL
@@ -192,13 +192,28 @@ private func migrate(_ c: PGConnection, from: Int64) throws(StoreError) {
         // A big file's versions share a chunk list (rows written before stay whole).
         3: """
             ALTER TABLE ubiquityfs.versions ADD COLUMN IF NOT EXISTS list bigint;
-            CREATE INDEX IF NOT EXISTS versions_by_list ON ubiquityfs.versions(list);
+            CREATE INDEX IF NOT EXISTS versions_by_list ON ubiquityfs.versions(list) WHERE list IS NOT NULL;
             CREATE TABLE IF NOT EXISTS ubiquityfs.chunk_lists(id bigint PRIMARY KEY, chunks bytea NOT NULL)
             """,
     ]
     for version in from..<postgresSchemaVersion {
         guard let sql = steps[version] else {
             throw StoreError(.corrupt, "no way from schema version \(version) to \(version + 1)")
+        }
+        if version == 3 {
+            // Rows of a big file's versions stop holding whole lists: a daemon of an earlier
+            // version still running on any machine would read them wrong (it checked the schema
+            // when it started).
+            let present = try c.query("""
+                SELECT writer FROM ubiquityfs.presence
+                WHERE lease_until > (extract(epoch FROM clock_timestamp()) * 1000)::bigint ORDER BY writer
+                """)
+            if present.count > 0 {
+                let writers = (0..<present.count).map { present.text($0, 0) }.joined(separator: ", ")
+                throw StoreError(errno: EBUSY, "the store's schema must change to version 4, which the earlier ubiquityfs "
+                                 + "still running on it cannot read (\(writers)): stop every mount of it on every machine, "
+                                 + "then mount again (a daemon that stopped without unmounting keeps its place for an hour)")
+            }
         }
         try c.transaction { () throws(StoreError) in
             try c.run(sql, [])

@@ -346,11 +346,17 @@ public final class LocalWorkArea: WorkArea, @unchecked Sendable {
 
     /// Whether another daemon holds its folder's lock now.
     public func otherWritersAlive() -> Bool {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: rootPath) else { return false }
         let taken = mutex.withLock { Set(adopted.map(\.path)) }
+        return Self.daemonRunning(in: rootPath, except: taken.union([workPath]))
+    }
+
+    /// Whether a daemon holds the lock of a folder of `root` (a store's `work/`) now, other than
+    /// those in `except`: every daemon that writes to the store has one while it runs.
+    static func daemonRunning(in root: String, except: Set<String> = []) -> Bool {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: root) else { return false }
         for name in names where name.hasPrefix("d-") {
-            let folder = rootPath + "/" + name
-            guard folder != workPath, !taken.contains(folder) else { continue }
+            let folder = root + "/" + name
+            guard !except.contains(folder) else { continue }
             let fd = retryEINTR { open(folder + "/lock", O_RDWR | O_CLOEXEC | O_NOFOLLOW) }
             guard fd >= 0 else { continue }
             defer { close(fd) }

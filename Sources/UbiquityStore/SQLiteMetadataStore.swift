@@ -239,6 +239,29 @@ package enum ChunkDelta {
     }
 }
 
+/// The shared lists a read of the change log names, each fetched once, in the read's
+/// transaction (`decode(_:lists:)` takes `list`). A list that is gone is nil; a failed fetch is
+/// nil too, and `error` says why (the read must fail, not leave the version out).
+package final class ChunkListReader {
+    private let fetch: (Int64) throws(StoreError) -> [UInt8]?
+    private var known: [Int64: [UInt8]?] = [:]
+    package private(set) var error: StoreError?
+
+    package init(_ fetch: @escaping (Int64) throws(StoreError) -> [UInt8]?) { self.fetch = fetch }
+
+    package func list(_ id: Int64) -> [UInt8]? {
+        if let found = known[id] { return found }
+        do {
+            let found = try fetch(id)
+            known[id] = found
+            return found
+        } catch {
+            self.error = self.error ?? error
+            return nil
+        }
+    }
+}
+
 // MARK: - The store
 
 public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
@@ -399,6 +422,14 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 version = 3
             }
             if version == 3 {
+                // Rows of a big file's versions stop holding whole lists: a daemon of an earlier
+                // version still running on the store would read them wrong (it checked the
+                // schema when it started).
+                let work = ((path as NSString).deletingLastPathComponent.isEmpty ? "." : (path as NSString).deletingLastPathComponent) + "/work"
+                if LocalWorkArea.daemonRunning(in: work) {
+                    throw StoreError(errno: EBUSY, "\(path): the store's schema must change to version 4, which the "
+                                     + "earlier ubiquityfs still running on it cannot read: stop every mount of this store, then mount again")
+                }
                 let has = try scalarInt(db, "SELECT count(*) FROM pragma_table_info('versions') WHERE name = 'list'", path: path)
                 if has == 0 { try exec(db, "ALTER TABLE versions ADD COLUMN list INTEGER", path: path) }
                 version = 4
@@ -714,6 +745,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
     private func replicaTransaction(_ body: () throws(StoreError) -> (ChangeSeq, UInt64, Int64)) throws(StoreError) {
         precondition(journal == nil, "a replica's database groups no commits")
         try mutex.withLock { () throws(StoreError) in
+            // A replica logs nothing: what `apply` notes for a change-log row is not kept.
+            defer { sharedInBatch = [:] }
             try run("BEGIN IMMEDIATE")
             do throws(StoreError) {
                 let (seq, maxIno, maxVersion) = try body()
@@ -878,6 +911,7 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             var maxIno = g.maxIno
             var maxVersion = g.maxVersion
             sharedInBatch = [:]
+            defer { sharedInBatch = [:] }
             for mutation in batch.mutations {
                 try apply(mutation, seq: seq, maxIno: &maxIno, maxVersion: &maxVersion)
             }
@@ -1127,21 +1161,11 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                 try applyJournalsLocked()
             }
             var result: [ChangeRecord] = []
-            // The shared lists the rows name, read once each, in the rows' transaction: a list a
-            // row names and that is gone went with a version a later row deletes.
-            var lists: [Int64: [UInt8]?] = [:]
-            var listError: StoreError?
-            func list(_ id: Int64) -> [UInt8]? {
-                if let known = lists[id] { return known }
+            // A list a row names and that is gone went with a version a later row deletes.
+            let lists = ChunkListReader { (id) throws(StoreError) -> [UInt8]? in
                 var found: [UInt8]?
-                do {
-                    try run("SELECT chunks FROM chunk_lists WHERE id = ?1", bind: { b throws(StoreError) in try b.int(1, id) },
-                            row: { r in found = r.blob(0) })
-                } catch {
-                    listError = error
-                    return nil
-                }
-                lists[id] = found
+                try self.run("SELECT chunks FROM chunk_lists WHERE id = ?1", bind: { b throws(StoreError) in try b.int(1, id) },
+                             row: { r in found = r.blob(0) })
                 return found
             }
             // One read transaction: the trim mark and the rows from one state of the database.
@@ -1157,8 +1181,8 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
                         if let writer { try b.text(2, writer) }   // unbound: NULL, which every writer is not
                     },
                     row: { (r) throws(StoreError) in
-                let decoded = BatchCoding.decode(r.blob(2), lists: list)
-                if let listError { throw listError }
+                let decoded = BatchCoding.decode(r.blob(2), lists: lists.list)
+                if let error = lists.error { throw error }
                 guard let mutations = decoded else {
                     throw StoreError(.corrupt, "\(path): change \(r.int(0)) cannot be read")
                 }
@@ -1411,7 +1435,12 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
             SELECT l.id, l.chunks FROM versions v JOIN chunk_lists l ON l.id = v.list
             WHERE v.ino = ?1 ORDER BY v.id DESC LIMIT 1
             """, bind: { b throws(StoreError) in try b.uint(1, v.ino) },
-            row: { r in if let chunks = r.withBlob(1, ChunkPacking.unpack) { base = (r.int(0), chunks) } })
+            row: { (r) throws(StoreError) in
+                guard let chunks = r.withBlob(1, ChunkPacking.unpack) else {
+                    throw StoreError(errno: EIO, "\(path): chunk list \(r.int(0)) is malformed")
+                }
+                base = (r.int(0), chunks)
+            })
         if let shared = ChunkDelta.shared(v.chunks, over: base) { return (shared.list, shared.changes) }
         try run("INSERT OR IGNORE INTO chunk_lists(id, chunks) VALUES(?1, ?2)") { b throws(StoreError) in
             try b.int(1, v.id)

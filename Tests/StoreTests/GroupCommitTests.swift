@@ -79,14 +79,9 @@ final class GroupCommitTests: XCTestCase {
     /// file is deleted (its lists with it) the records leave its versions out, not the delete.
     func testBigVersionsFromAJournalLandOnTheirSharedList() throws {
         let n = ChunkDelta.sharedListMinimum + 1
-        func refs(_ seed: UInt64, count: Int = n) -> [ChunkRef] {
-            (0..<count).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: 1, checksum: seed) }
-        }
-        func version(_ id: VersionID, _ chunks: [ChunkRef]) -> VersionRecord {
-            VersionRecord(id: id, ino: 5, created: id, size: UInt64(chunks.count), chunks: chunks, origin: .published, device: "a")
-        }
-        let v1 = version(1, refs(1)), v2 = version(2, refs(1) + refs(2, count: 1))
-        let v3 = version(3, Array(refs(1).dropLast()) + refs(3, count: 2))
+        let first = Sample.chunks(1, count: n)
+        let v1 = Sample.version(1, ino: 5, chunks: first), v2 = Sample.version(2, ino: 5, chunks: first + Sample.chunks(2, count: 1))
+        let v3 = Sample.version(3, ino: 5, chunks: Array(first.dropLast()) + Sample.chunks(3, count: 2))
         do {
             let a = try daemon(root + "/a")
             _ = try a.commit(Batch([.putNode(Sample.node(5, version: 1)), .putVersion(v1)], writer: "a"), durable: true)

@@ -209,6 +209,13 @@ final class PostgresStoreTests: XCTestCase {
         try c.query("ALTER TABLE ubiquityfs.versions DROP COLUMN moved_from")
         try c.query("ALTER TABLE ubiquityfs.versions DROP COLUMN list")
         try c.query("UPDATE ubiquityfs.store SET value = 1 WHERE key = 'schema_version'")
+        // A daemon of an earlier version still present: no migration under it.
+        try c.query("INSERT INTO ubiquityfs.presence(writer, lease_until) VALUES('old-machine', 9223372036854775807)")
+        let refused = assertStoreError(EBUSY) { _ = try PostgresMetadataStore(url: fixture.url) }
+        XCTAssertTrue(refused?.message.contains("still running on it cannot read (old-machine)") ?? false, "\(String(describing: refused))")
+        XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 3,
+                       "the steps before it landed")
+        try c.query("DELETE FROM ubiquityfs.presence")
         let store = try PostgresMetadataStore(url: fixture.url)
         XCTAssertEqual(try c.query("SELECT value FROM ubiquityfs.store WHERE key = 'schema_version'").int(0, 0), 4)
         let big = VersionRecord(id: 9, ino: 4, created: 1, size: 0,
@@ -237,15 +244,11 @@ final class PostgresStoreTests: XCTestCase {
         let store = try PostgresMetadataStore(url: fixture.url)
         let c = fixture.connection()
         let n = ChunkDelta.sharedListMinimum + 1
-        func refs(_ seed: UInt64, count: Int = n) -> [ChunkRef] {
-            (0..<count).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: 1, checksum: seed) }
-        }
-        func version(_ id: VersionID, _ chunks: [ChunkRef]) -> VersionRecord {
-            VersionRecord(id: id, ino: 5, created: id, size: UInt64(chunks.count), chunks: chunks, origin: .published, device: "a")
-        }
-        var tail = refs(1)
+        var tail = Sample.chunks(1, count: n)
         tail[n - 1] = .hole
-        let v1 = version(1, refs(1)), v2 = version(2, tail + refs(2, count: 1)), v3 = version(3, refs(3))
+        let v1 = Sample.version(1, ino: 5, chunks: Sample.chunks(1, count: n))
+        let v2 = Sample.version(2, ino: 5, chunks: tail + Sample.chunks(2, count: 1))
+        let v3 = Sample.version(3, ino: 5, chunks: Sample.chunks(3, count: n))
         try store.commit([.putNode(Sample.node(5, version: 2)), .putVersion(v1), .putVersion(v2)], durable: true)
         try store.commit([.putVersion(v3)], durable: true)
         let rows = try c.query("SELECT id, list, length(chunks)::bigint FROM ubiquityfs.versions ORDER BY id")

@@ -78,6 +78,11 @@ enum Sample {
                    ctime: -3, btime: 4, rdev: rdev, target: target, currentVersion: version)
     }
 
+    /// `count` distinct chunk references, told apart from another `seed`'s.
+    static func chunks(_ seed: UInt64, count: Int) -> [ChunkRef] {
+        (0..<count).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: UInt32(chunkSize), checksum: seed ^ UInt64($0)) }
+    }
+
     static func version(_ id: VersionID, ino: InodeNumber, chunks: [ChunkRef]? = nil,
                         origin: VersionOrigin = .published) -> VersionRecord {
         let refs = chunks ?? [ChunkRef(blob: 0x0123_4567_89ab_cdef, length: UInt32(chunkSize), checksum: 0xfeed_face_dead_beef),

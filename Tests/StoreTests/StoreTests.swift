@@ -342,6 +342,14 @@ final class EmbeddedStoreTests: XCTestCase {
         var moved7 = version7
         moved7.movedFrom = 39
         XCTAssertEqual(try SQLiteMetadataStore(readOnlyPath: db3).versions(of: 40), [moved7])
+        // A daemon of an earlier version still running on the store: no migration under it.
+        var running: LocalWorkArea? = try LocalWorkArea(directory: fixture.directory)
+        XCTAssertThrowsError(try fixture.open()) { error in
+            XCTAssertTrue("\(error)".contains("the earlier ubiquityfs still running on it cannot read: stop every mount"), "\(error)")
+        }
+        XCTAssertEqual(try SQLiteMetadataStore(readOnlyPath: db).versions(of: 40), [version7], "nothing changed")
+        withExtendedLifetime(running) {}
+        running = nil
         do {
             let m = try fixture.open().metadata
             XCTAssertEqual(try m.versions(of: 40), [version7])
@@ -378,20 +386,14 @@ final class EmbeddedStoreTests: XCTestCase {
     func testBigFilesVersionsShareAChunkList() throws {
         let store = try fixture.open()
         let m = try XCTUnwrap(store.metadata as? SQLiteMetadataStore)
-        func refs(_ n: Int, _ seed: UInt64) -> [ChunkRef] {
-            (0..<n).map { ChunkRef(blob: seed << 32 | UInt64($0 + 1), length: UInt32(chunkSize), checksum: seed ^ UInt64($0)) }
-        }
-        func version(_ id: VersionID, _ ino: InodeNumber, _ chunks: [ChunkRef]) -> VersionRecord {
-            VersionRecord(id: id, ino: ino, created: id, size: UInt64(chunks.count * chunkSize), chunks: chunks,
-                          origin: .published, device: "host")
-        }
         let n = ChunkDelta.sharedListMinimum + 36
-        var appended = refs(n, 1)
+        var appended = Sample.chunks(1, count: n)
         appended[50] = .hole
         appended[n - 1] = ChunkRef(blob: 77, length: UInt32(chunkSize), checksum: 7)
         appended.append(ChunkRef(blob: 78, length: 12, checksum: 8))
-        let v1 = version(1, 5, refs(n, 1)), v2 = version(2, 5, appended), v3 = version(3, 5, refs(n + 1, 2))
-        let short = version(4, 6, refs(3, 3))
+        let v1 = Sample.version(1, ino: 5, chunks: Sample.chunks(1, count: n)), v2 = Sample.version(2, ino: 5, chunks: appended)
+        let v3 = Sample.version(3, ino: 5, chunks: Sample.chunks(2, count: n + 1))
+        let short = Sample.version(4, ino: 6, chunks: Sample.chunks(3, count: 3))
         try m.commit([.putVersion(v1), .putVersion(v2)], durable: true)
         try m.commit([.putVersion(v3), .putVersion(short), .putNode(Sample.node(5, version: 2))], durable: true)
         let stored = try m.chunkListStorage()
@@ -417,7 +419,7 @@ final class EmbeddedStoreTests: XCTestCase {
         try m.commit([.deleteVersion(2)], durable: true)
         XCTAssertEqual(try m.chunkListStorage().lists, [stored.lists[1]])
         // A file's next version builds on its newest version's list, wherever that list began.
-        let v5 = version(5, 7, refs(n + 1, 2) + [ChunkRef(blob: 79, length: 1, checksum: 9)])
+        let v5 = Sample.version(5, ino: 7, chunks: Sample.chunks(2, count: n + 1) + [ChunkRef(blob: 79, length: 1, checksum: 9)])
         try m.commit([.moveVersions(from: 5, to: 7), .putVersion(v5)], durable: true)
         var moved = v3
         moved.ino = 7
@@ -429,7 +431,7 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(try m.allVersions(), [short])
         // A list cut short, a change past its length: malformed, said so.
         let bad = ChunkDelta.pack(count: 2, [(index: 3, chunk: ChunkRef(blob: 1, length: 1, checksum: 1))])
-        let list = ChunkPacking.pack(refs(2, 4))
+        let list = ChunkPacking.pack(Sample.chunks(4, count: 2))
         XCTAssertNil(bad.withUnsafeBytes { b in list.withUnsafeBytes { ChunkDelta.resolve(b, over: $0) } })
         let gap = ChunkDelta.pack(count: 4, [(index: 3, chunk: ChunkRef(blob: 1, length: 1, checksum: 1))])
         XCTAssertNil(gap.withUnsafeBytes { b in list.withUnsafeBytes { ChunkDelta.resolve(b, over: $0) } })
