@@ -207,6 +207,15 @@ extension UbiquityFileSystem {
     func chunksNeeded(by records: [ChangeRecord]) -> [VersionID: [ChunkRef]] {
         var current: [InodeNumber: VersionID?] = [:]
         var out: [VersionID: [ChunkRef]] = [:]
+        // A big file's version whose shared list went with a delete later in these records is
+        // left out of them (the store no longer has it): nothing to look for, nor to say.
+        var deleted = Set<InodeNumber>(), deletedVersions = Set<VersionID>()
+        for r in records {
+            for m in r.mutations {
+                if case .deleteNode(let ino) = m { deleted.insert(ino) }
+                if case .deleteVersion(let id) = m { deletedVersions.insert(id) }
+            }
+        }
         for r in records {
             var carried: [VersionID: [ChunkRef]] = [:]
             for case .putVersion(let v) in r.mutations { carried[v.id] = v.chunks }
@@ -215,6 +224,7 @@ extension UbiquityFileSystem {
                 current[n.ino] = n.currentVersion
                 guard let v = n.currentVersion, v != before, out[v] == nil else { continue }
                 if let c = carried[v] { out[v] = c; continue }
+                if deleted.contains(n.ino) || deletedVersions.contains(v) { continue }
                 do {
                     if let found = try store.metadata.version(v) { out[v] = found.chunks }
                     else { log("inode \(n.ino): its current version \(v) is not in the store") }
