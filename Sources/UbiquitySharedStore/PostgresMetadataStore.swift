@@ -106,15 +106,11 @@ public final class PostgresMetadataStore: MetadataStore, @unchecked Sendable {
         guard let origin = VersionOrigin(rawValue: r.text(i, 4)) else {
             throw corrupt("version \(id) has unknown origin \(r.text(i, 4))")
         }
-        let chunks: [ChunkRef]?
-        if r.isNull(i, 8) {
-            chunks = try r.withBytes(i, 6, { ChunkPacking.unpack($0) })
-        } else if r.isNull(i, 9) {
+        if !r.isNull(i, 8) && r.isNull(i, 9) {
             throw corrupt("version \(id) names chunk list \(r.int(i, 8)), which is missing")
-        } else {
-            chunks = try r.withBytes(i, 6) { (changes) throws(StoreError) in
-                try r.withBytes(i, 9) { list in ChunkDelta.resolve(changes, over: list) }
-            }
+        }
+        let chunks = try r.withBytes(i, 6) { (stored) throws(StoreError) in
+            try r.withBytes(i, 9) { list in ChunkDelta.chunks(stored, list: r.isNull(i, 8) ? nil : list) }
         }
         guard let chunks else {
             throw corrupt("version \(id) has a malformed chunk list")
