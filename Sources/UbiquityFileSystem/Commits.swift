@@ -122,6 +122,8 @@ extension UbiquityFileSystem {
             versionCounts = [:]
             pendingInvalidations += invalidations
             pendingRebases.formUnion(changed)
+            let now = monotonicNanoseconds()
+            for ino in changed { changedElsewhere.note(ino, now: now) }
         }
         log("the store's change log no longer reaches back to this daemon's position; loaded the namespace again "
             + "(\(changed.count) nodes differed)")
@@ -184,8 +186,12 @@ extension UbiquityFileSystem {
                 pendingWatches += watches
                 if !trashBefore.isEmpty { pendingInvalidations += trashInvalidations(before: trashBefore) }
                 guard remote else { continue }
+                let now = monotonicNanoseconds()
                 for m in r.mutations {
-                    if case .putNode(let n) = m { pendingRebases.insert(n.ino) }
+                    if case .putNode(let n) = m {
+                        pendingRebases.insert(n.ino)
+                        changedElsewhere.note(n.ino, now: now)
+                    }
                     switch m {
                     case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))
                     case .deleteDirent(let parent, let name): pendingInvalidations.append(.entry(parent: parent, name: name)); pendingInvalidations.append(.node(parent))
@@ -278,6 +284,7 @@ extension UbiquityFileSystem {
                 trimmed = true
             }
             let (all, rebases, watches) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])], [WatchEvent]) in
+                if !changedElsewhere.isEmpty { ns.write { changedElsewhere.prune(now: monotonicNanoseconds()) } }
                 // Records at or below the position were applied meanwhile (this writer's own commits
                 // catch up too); the rest follow on from it with no gap.
                 if trimmed { try catchUpLocked() } else { applyCommitted(records) }

@@ -88,6 +88,8 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Other writers' changes to replay for programs watching the mount (see WatchEvents.swift).
     var pendingWatches: [PendingWatch] = []   // guarded by commits
     var ghostCount: UInt64 = 0                // guarded by commits
+    /// Nodes other writers changed lately: the kernel caches their attributes for no time.
+    var changedElsewhere = RecentRemoteChanges()   // written under commits + ns (write); read under ns
     /// This daemon as a writer of the store's change log.
     public let writerID: String
     var versionCounts: [InodeNumber: Int] = [:] // guarded by commits; filled on first publish
@@ -303,7 +305,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
         let nlink = state.trashed[n.ino] == nil ? n.nlink : 0
         return Attributes(ino: n.ino, mode: n.kind.typeBits | n.mode, nlink: nlink, uid: n.uid, gid: n.gid,
                           size: size, blocks: (allocated + 511) / 512, atime: n.atime, mtime: mtime, ctime: ctime,
-                          rdev: n.rdev)
+                          rdev: n.rdev, changingElsewhere: changedElsewhere.contains(n.ino))
     }
 
     private func attributesOfTarget(_ t: Target, ino: UInt64) -> Attributes {
@@ -414,30 +416,43 @@ public final class UbiquityFileSystem: @unchecked Sendable {
 
     // MARK: - lookup and listing
 
-    public func lookup(parent: UInt64, name: [UInt8]) throws(FSError) -> Attributes {
+    /// `forKernel`: the answer goes to the kernel, which holds the node from then on (see
+    /// `remember`): counted before the namespace can change, so another writer's change applied
+    /// after these attributes were read finds the node held, and the change feed invalidates it.
+    public func lookup(parent: UInt64, name: [UInt8], forKernel: Bool = false) throws(FSError) -> Attributes {
         try typed {
             if name.count > nameMax { throw FSError(ENAMETOOLONG, "name longer than \(nameMax) bytes") }
-            if let t = trashNode(parent) { return try trashLookup(t, name) }
-            if parent == Self.rootID, offersDesktopTrash, name == desktopTrashName { return try trashAttributes(.top) }
-            return try ns.read {
-                let t = try target(parent)
-                if name == [0x2e] { return attributesOfTarget(t, ino: parent) }
-                if name == [0x2e, 0x2e] { return try parentAttributes(t) }
-                switch t {
-                case .root:
-                    guard let c = shownContainers().first(where: { containerFolderName($0) == name }),
-                          let folder = containerFolderIno(c), let n = state.nodes[folder] else {
-                        throw FSError.noEntry()
-                    }
-                    return attributes(n, doc: nil)
-                case .node(let dir):
-                    guard dir.kind == .directory else { throw FSError.notDir() }
-                    guard let child = state.children[dir.ino]?[name], let n = state.nodes[child], visible(n) else {
-                        throw FSError.noEntry()
-                    }
-                    return attributes(n, doc: docsLock.withLock { docs[n.ino] })
-                }
+            if let t = trashNode(parent) { return try remembered(trashLookup(t, name), parent, name, forKernel) }
+            if parent == Self.rootID, offersDesktopTrash, name == desktopTrashName {
+                return try remembered(trashAttributes(.top), parent, name, forKernel)
             }
+            return try ns.read { () throws -> Attributes in try remembered(lookupLocked(parent: parent, name: name), parent, name, forKernel) }
+        }
+    }
+
+    private func remembered(_ a: Attributes, _ parent: UInt64, _ name: [UInt8], _ forKernel: Bool) -> Attributes {
+        if forKernel { remember(a.ino, parent: parent, name: name) }
+        return a
+    }
+
+    /// Caller holds ns.
+    private func lookupLocked(parent: UInt64, name: [UInt8]) throws -> Attributes {
+        let t = try target(parent)
+        if name == [0x2e] { return attributesOfTarget(t, ino: parent) }
+        if name == [0x2e, 0x2e] { return try parentAttributes(t) }
+        switch t {
+        case .root:
+            guard let c = shownContainers().first(where: { containerFolderName($0) == name }),
+                  let folder = containerFolderIno(c), let n = state.nodes[folder] else {
+                throw FSError.noEntry()
+            }
+            return attributes(n, doc: nil)
+        case .node(let dir):
+            guard dir.kind == .directory else { throw FSError.notDir() }
+            guard let child = state.children[dir.ino]?[name], let n = state.nodes[child], visible(n) else {
+                throw FSError.noEntry()
+            }
+            return attributes(n, doc: docsLock.withLock { docs[n.ino] })
         }
     }
 

@@ -113,3 +113,43 @@ struct KernelReferences {
         garbage = 0
     }
 }
+
+/// Nodes another writer changed in the last `window`, whose attributes the kernel is told to
+/// keep for no time. A reply read before such a change can reach the kernel after the change's
+/// invalidation went unheard: the kernel ignores an invalidation of an inode it is still making
+/// from that very reply, then keeps the reply's attributes for the whole cache time (a file
+/// another mount renamed into place would read as the empty file it was a moment before). A
+/// node that changed elsewhere a moment ago is likely to change again; as NFS does, it is
+/// cached less. (The change feed also repeats invalidations the kernel did not hear.)
+struct RecentRemoteChanges {
+    static let window: UInt64 = 2_000_000_000
+    private var last: [InodeNumber: UInt64] = [:]
+    /// Notes in the order made (so, by time), for pruning without a scan.
+    private var order: [(ino: InodeNumber, at: UInt64)] = []
+    private var head = 0
+
+    var isEmpty: Bool { last.isEmpty }
+
+    func contains(_ ino: InodeNumber) -> Bool { !last.isEmpty && last[ino] != nil }
+
+    mutating func note(_ ino: InodeNumber, now: UInt64) {
+        last[ino] = now
+        order.append((ino, now))
+    }
+
+    /// Forget notes older than the window.
+    mutating func prune(now: UInt64) {
+        while head < order.count, now &- order[head].at >= Self.window {
+            let (ino, at) = order[head]
+            if last[ino] == at { last[ino] = nil }
+            head += 1
+        }
+        if head == order.count {
+            order.removeAll(keepingCapacity: order.count < 4096)
+            head = 0
+        } else if head > 4096 && head * 2 > order.count {
+            order.removeFirst(head)
+            head = 0
+        }
+    }
+}

@@ -27,6 +27,9 @@ public struct Attributes: Sendable, Equatable {
     public var mtime: Int64
     public var ctime: Int64
     public var rdev: UInt64
+    /// Another writer changed the node a moment ago: the kernel is to keep these attributes for
+    /// no time (see `RecentRemoteChanges`).
+    public var changingElsewhere = false
     public var kind: NodeKind { NodeKind(mode: mode) }
 }
 

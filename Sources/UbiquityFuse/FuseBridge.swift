@@ -18,7 +18,8 @@ final class Bridge: @unchecked Sendable {
     let cacheSeconds: Double
     /// The replay of another writer's change being made through the mount (`FuseSession.replay`).
     let replay = ReplayState()
-    /// Tests' faults: `replayAnswer` delays the answers to replays.
+    /// Tests' faults: `replayAnswer` delays the answers to replays, `lookupAnswer` those to
+    /// lookups (after the attributes are read).
     let faults: FaultPlan?
     init(fs: UbiquityFileSystem, cacheSeconds: Double, faults: FaultPlan?, log: @escaping @Sendable (String) -> Void) {
         self.fs = fs
@@ -91,7 +92,7 @@ func entryOf(_ a: Attributes, _ cacheSeconds: Double) -> fuse_entry_param {
     e.ino = fuse_ino_t(a.ino)
     e.generation = 1
     e.attr = statOf(a)
-    e.attr_timeout = cacheSeconds
+    e.attr_timeout = a.changingElsewhere ? 0 : cacheSeconds
     e.entry_timeout = cacheSeconds
     return e
 }
@@ -214,11 +215,11 @@ struct Request: ~Copyable {
     /// An entry: the kernel now holds one more reference to the node (until `forget`), counted
     /// here, and taken back if the reply does not reach the kernel. `named`: the folder and
     /// name it was asked by. `cacheSeconds`: how long the kernel may keep it (the mount's
-    /// setting when nil).
-    consuming func entry(_ a: Attributes, named: (UInt64, [UInt8])? = nil, cacheSeconds: Double? = nil) {
+    /// setting when nil). `remembered`: counted already (see `UbiquityFileSystem.lookup`).
+    consuming func entry(_ a: Attributes, named: (UInt64, [UInt8])? = nil, cacheSeconds: Double? = nil, remembered: Bool = false) {
         var e = entryOf(a, cacheSeconds ?? bridge.cacheSeconds)
         let fs = self.fs
-        fs.remember(a.ino, parent: named?.0, name: named?.1)
+        if !remembered { fs.remember(a.ino, parent: named?.0, name: named?.1) }
         if fuse_reply_entry(req, &e) != 0 { fs.forget(a.ino, count: 1) }
         discard self
     }
@@ -233,7 +234,7 @@ struct Request: ~Copyable {
 
     consuming func attr(_ a: Attributes, cacheSeconds: Double? = nil) {
         var st = statOf(a)
-        fuse_reply_attr(req, &st, cacheSeconds ?? bridge.cacheSeconds)
+        fuse_reply_attr(req, &st, a.changingElsewhere ? 0 : cacheSeconds ?? bridge.cacheSeconds)
         discard self
     }
 
@@ -474,7 +475,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
         let n = name(cname)
         let a: Attributes
-        do throws(FSError) { a = try fs.lookup(parent: parent, name: n) } catch {
+        do throws(FSError) { a = try fs.lookup(parent: parent, name: n, forKernel: true) } catch {
             // A missing name the kernel may remember (git, compilers and `ls -l` probe for
             // the same missing names again and again): an entry of inode 0.
             if error.errno == ENOENT, r.bridge.cacheSeconds > 0, fs.absenceMayBeCached(in: parent, name: n) {
@@ -484,7 +485,8 @@ func makeOperations() -> fuse_lowlevel_ops {
             }
             return
         }
-        r.entry(a, named: (parent, n))
+        if let faults = r.bridge.faults { try? faults.check(.lookupAnswer) }
+        r.entry(a, named: (parent, n), remembered: true)
     }
 
     ops.forget = { req, ino, count in
@@ -875,7 +877,8 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
     let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: max(size, 1))
     defer { buffer.deallocate() }
     var used = 0
-    // readdirplus entries with a node id count as lookups, once the reply is sent.
+    // readdirplus entries with a node id count as lookups, from when their attributes are read
+    // until the reply fails, if it does.
     var added: [(UInt64, [UInt8])] = []
     for entry in entries {
         var counted: UInt64?
@@ -886,10 +889,16 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
                 let isDot = entry.name == [0x2e] || entry.name == [0x2e, 0x2e]
                 if plus {
                     var e = fuse_entry_param()
-                    if !isDot, let a = try? b.fs.lookup(parent: ino, name: entry.name), a.ino == entry.ino {
-                        e = entryOf(a, b.cacheSeconds)
-                        counted = a.ino
-                    } else {
+                    // Counted as the attributes are read (see `UbiquityFileSystem.lookup`).
+                    if !isDot, let a = try? b.fs.lookup(parent: ino, name: entry.name, forKernel: true) {
+                        if a.ino == entry.ino {
+                            e = entryOf(a, b.cacheSeconds)
+                            counted = a.ino
+                        } else {
+                            b.fs.forget(a.ino, count: 1)
+                        }
+                    }
+                    if counted == nil {
                         // "." and "..", or a name that changed since opendir's snapshot: list it
                         // without a node id, so the kernel caches no name → node binding for it.
                         e.attr.st_ino = __ino_t(entry.ino)
@@ -904,11 +913,13 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
                 }
             }
         }
-        if needed > size - used { break }
+        if needed > size - used {
+            if let counted { b.fs.forget(counted, count: 1) }
+            break
+        }
         used += needed
         if let counted { added.append((counted, entry.name)) }
     }
-    for (child, name) in added { b.fs.remember(child, parent: ino, name: name) }
     if !r.bytes(buffer, used) {
         for (child, _) in added { b.fs.forget(child, count: 1) }
     }
@@ -924,6 +935,8 @@ public final class FuseSession: @unchecked Sendable {
     private let replayer: Replayer
     /// The request loop runs (set before it starts, cleared when it ends).
     private let serving = Atomic<Bool>(true)
+    /// Invalidations the kernel did not hear, sent again (set once, at the end of init).
+    private var unheard: UnheardInvalidations!
     /// What `run` sets the mount's read-ahead to, in KiB (0: the kernel's default).
     public var readAheadKiB = FuseSession.defaultReadAheadKiB
     /// The mount's device, "0:N" (the caller reads it from /proc/self/mountinfo): where its
@@ -976,6 +989,8 @@ public final class FuseSession: @unchecked Sendable {
             throw FSError(EIO, "cannot mount on \(mountpoint) (is it an existing empty folder, and is /dev/fuse usable?)")
         }
         mounted = true
+        unheard = UnheardInvalidations(send: { [unowned self] changes in sendWhileServing(changes) },
+                                       held: { [unowned self] changes in bridgeRef.takeUnretainedValue().fs.heldByKernel(changes) })
         // The kernel's kill flags reach the ops through the shim's hooks; without them the
         // kernel keeps dropping set-ID bits itself, and asks for security.capability per write.
         if ubiquityfs_custom_io(session) != 0 { log("libfuse refused custom device I/O: set-ID bits stay the kernel's to drop") }
@@ -1012,28 +1027,40 @@ public final class FuseSession: @unchecked Sendable {
     /// Tell the kernel to drop what it cached of things another writer changed. Call from a
     /// thread of its own (never a FUSE worker) with no model lock held: the kernel may need the
     /// daemon to answer other requests (a FORGET, a lookup) before the notification returns.
-    /// ENOENT (the kernel had nothing cached) is not an error.
+    /// ENOENT (the kernel had nothing cached) is not an error, but may be a reply on its way
+    /// that predates the change: those are sent again (see `UnheardInvalidations`).
     public func invalidate(_ changes: [KernelInvalidation]) {
-        guard mounted else { return }
-        // Never beside a replay (see `Replayer.whileIdle`); given up once nothing serves.
-        while serving.load(ordering: .acquiring) {
-            if replayer.whileIdle(seconds: 1, { send(changes) }) { return }
-        }
+        guard mounted, let missed = sendWhileServing(changes) else { return }
+        unheard.add(missed)
     }
 
-    private func send(_ changes: [KernelInvalidation]) {
+    /// Sends `changes`, never beside a replay (see `Replayer.whileIdle`); returns those the
+    /// kernel answered ENOENT, or nil once nothing serves.
+    private func sendWhileServing(_ changes: [KernelInvalidation]) -> [KernelInvalidation]? {
+        while serving.load(ordering: .acquiring) {
+            var missed: [KernelInvalidation] = []
+            if replayer.whileIdle(seconds: 1, { missed = send(changes) }) { return missed }
+        }
+        return nil
+    }
+
+    private func send(_ changes: [KernelInvalidation]) -> [KernelInvalidation] {
+        var missed: [KernelInvalidation] = []
         for change in changes {
+            let result: Int32
             switch change {
             case .entry(let parent, let name):
-                _ = name.withUnsafeBufferPointer { p in
+                result = name.withUnsafeBufferPointer { p in
                     p.baseAddress!.withMemoryRebound(to: CChar.self, capacity: p.count) {
                         fuse_lowlevel_notify_inval_entry(session, fuse_ino_t(parent), $0, p.count)
                     }
                 }
             case .node(let ino):
-                _ = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0)
+                result = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0)
             }
+            if result == -ENOENT { missed.append(change) }
         }
+        return missed
     }
 
     /// Make other writers' changes again through the mount, for programs watching it (see
@@ -1046,6 +1073,7 @@ public final class FuseSession: @unchecked Sendable {
 
     /// Unmount (if still mounted) and free the session.
     public func close() {
+        unheard?.stop()
         replayer.stop()
         // Answer lock requests still waiting while their session exists.
         bridgeRef.takeUnretainedValue().fs.stopLockWaits()

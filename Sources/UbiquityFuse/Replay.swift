@@ -88,7 +88,7 @@ final class Replayer: @unchecked Sendable {
     private var stopping = false           // guarded by condition
     private var started = false            // guarded by condition
     private var busy = false               // guarded by condition: a replay is being made
-    private var paused = false             // guarded by condition: invalidations are being sent
+    private var pauses = 0                 // guarded by condition: invalidations being sent (two threads send them)
     private var dropped = 0                // guarded by condition
     /// More than this waiting (a far bigger change elsewhere than anyone watches) and the
     /// oldest go: inotify itself keeps 16,384 events per watcher by default.
@@ -148,11 +148,11 @@ final class Replayer: @unchecked Sendable {
                 return false
             }
         }
-        paused = true
+        pauses += 1
         condition.unlock()
         body()
         condition.lock()
-        paused = false
+        pauses -= 1
         condition.broadcast()
         condition.unlock()
         return true
@@ -163,7 +163,7 @@ final class Replayer: @unchecked Sendable {
         defer { condition.unlock() }
         busy = false
         condition.broadcast()
-        while (head == queue.count || paused) && !stopping { condition.wait() }
+        while (head == queue.count || pauses > 0) && !stopping { condition.wait() }
         guard !stopping else { return nil }
         busy = true
         head += 1

@@ -19,8 +19,9 @@ public enum FaultOperation: String, Sendable, CaseIterable {
     // LockTable (`release` cannot fail)
     case lockSet, lockTest
     // Not the store's: the FUSE bridge's answer to a replay of another writer's change made
-    // through the mount (delay or hold only; an errno is ignored)
-    case replayAnswer
+    // through the mount, and to a lookup once its attributes are read (delay or hold only; an
+    // errno is ignored)
+    case replayAnswer, lookupAnswer
 }
 
 /// Which calls of an operation fail. Calls are counted from when the rule was set.

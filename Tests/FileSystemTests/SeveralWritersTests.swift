@@ -97,6 +97,52 @@ final class SeveralWritersTests: TwoWritersTestCase {
         XCTAssertFalse(try reopen(two), "the kernel forgot the file, and its pages")
     }
 
+    /// A reply the kernel is still to make an inode from can predate another writer's change and
+    /// outlive its invalidation: what another writer changed a moment ago is answered with
+    /// attributes the kernel is to keep for no time; a writer's own changes, and what settled,
+    /// are cached as usual.
+    func testAttributesOfWhatAnotherWriterJustChangedAreNotToBeCached() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "new.txt", b(""))
+        XCTAssertFalse(try one.getattr(f).changingElsewhere, "its own writer's")
+        try two.catchUp()
+        XCTAssertTrue(try two.getattr(f).changingElsewhere, "made by the other writer a moment ago")
+        XCTAssertTrue(try two.lookup(parent: docs, name: b("new.txt")).changingElsewhere)
+        XCTAssertTrue(try two.getattr(docs).changingElsewhere, "its folder changed too")
+        let other = try two.makeFile(docs, "mine.txt", b("x"))
+        try two.catchUp()
+        XCTAssertFalse(try two.getattr(other).changingElsewhere)
+
+        var recent = RecentRemoteChanges()
+        recent.note(f, now: 10_000_000_000)
+        recent.note(other, now: 11_000_000_000)
+        recent.prune(now: 11_500_000_000)
+        XCTAssertTrue(recent.contains(f) && recent.contains(other))
+        recent.prune(now: 12_000_000_000)
+        XCTAssertFalse(recent.contains(f), "past the window")
+        XCTAssertTrue(recent.contains(other))
+        recent.note(other, now: 12_500_000_000)
+        recent.prune(now: 13_000_000_000)
+        XCTAssertTrue(recent.contains(other), "its later change counts")
+        recent.prune(now: 14_500_000_000)
+        XCTAssertTrue(recent.isEmpty)
+    }
+
+    /// A lookup answered to the kernel counts its node as held before the namespace can change,
+    /// so another writer's change applied while the answer is on its way is invalidated.
+    func testALookupForTheKernelHoldsItsNodeFromWhenItsAttributesAreRead() throws {
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "seen.txt", b("one"))
+        try two.catchUp()
+        _ = try two.lookup(parent: docs, name: b("seen.txt"))
+        XCTAssertEqual(two.heldByKernel([.node(f)]), [], "a plain lookup gives the kernel nothing")
+        XCTAssertEqual(try two.lookup(parent: docs, name: b("seen.txt"), forKernel: true).size, 3)
+        try one.writeFile(f, b("three"))
+        XCTAssertEqual(two.heldByKernel(try two.catchUp()).filter { $0 == .node(f) }, [.node(f)])
+        two.forget(f, count: 1)
+        XCTAssertEqual(two.heldByKernel([.node(f)]), [], "one reference, taken back")
+    }
+
     /// A writer that fell further behind than the trimmed change log (a daemon stopped for long)
     /// loads the namespace again and still tells the kernel what changed, and an open document
     /// with no changes of its own follows the other's publish.

@@ -164,6 +164,46 @@ final class FaultMountTests: MountTestCase {
         assertStoreWhole()
     }
 
+    /// A lookup's answer read before another mount's change, and still on its way to the kernel
+    /// when the change arrives, is not kept for the cache time (10 s): the node counts as held
+    /// from when its attributes are read, so the change feed invalidates it, and sends that again
+    /// until the kernel, which had no inode to drop yet, has made it from the answer. (This mount
+    /// is read-only: it makes no replays of the other's changes, whose own lookups and truncates
+    /// through the mount would refresh the attributes too.)
+    func testALookupAnswerOlderThanAnotherMountsChangeIsNotKept() throws {
+        faults()
+        try mount(options: "ro")
+        let second = workDir + "/mnt2"
+        try FileManager.default.createDirectory(atPath: second, withIntermediateDirectories: true)
+        try mount(at: second)
+        let theirs = second + "/SugoiApp"
+        XCTAssertEqual(Posix.writeFile(theirs + "/late.txt", "v1\n"), 0)
+        XCTAssertEqual(Posix.writeFile(theirs + "/marker.txt", "m\n"), 0)
+        // Changes arrive in order: once the marker shows here, so does late.txt, not looked up yet.
+        eventually("this mount has the other's files") { Posix.exists(self.d + "/marker.txt") }
+        // Past the time another writer's fresh change is answered uncached: this is about the
+        // invalidation alone.
+        usleep(2_500_000)
+        faults("lookupAnswer delay 1000")
+        eventually("both daemons read the faults") {
+            self.daemonLogTail(lines: 40).components(separatedBy: "fault injection: now lookupAnswer delay 1000").count == 3
+        }
+        let stat = try BackgroundProcess(["stat", "-c", "%s", d + "/late.txt"], environment: environment, log: workDir + "/stat.out")
+        defer { stat.stop() }
+        usleep(300_000)
+        XCTAssertEqual(Posix.writeFile(theirs + "/late.txt", "version two, longer\n"), 0)
+        eventually("the lookup is answered") { !stat.isRunning }
+        XCTAssertEqual(Posix.readText(workDir + "/stat.out")?.trimmingCharacters(in: .whitespacesAndNewlines), "3",
+                       "the answer was read before the change")
+        faults()
+        eventually("this mount shows the other's change well within its cache time", seconds: 3) {
+            Posix.readText(self.d + "/late.txt") == "version two, longer\n"
+        }
+        try unmount(at: second)
+        try unmount()
+        assertStoreWhole()
+    }
+
     /// A daemon killed while one of its threads waits on its own mount (here its replay of the
     /// other mount's change, whose answer is held back) cannot finish exiting by itself: the
     /// kernel waits for that answer even under SIGKILL, and the daemon's /dev/fuse stays open.
