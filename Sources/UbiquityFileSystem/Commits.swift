@@ -149,6 +149,10 @@ extension UbiquityFileSystem {
         let chunks = chunksNeeded(by: records)
         // Files whose content another writer changed, with their chunks before (for pins).
         var changedContent: [InodeNumber: [ChunkRef]] = [:]
+        // Files whose new version these records leave out (its chunk list went with a delete
+        // later in them): their chunks stay as they were, so a ghost is made of the record as
+        // it was too, not of the new size over the old chunks.
+        var heldBack: [InodeNumber: NodeRecord] = [:]
         ns.write {
             // Without a change feed draining them (a model in a test), keep the newest only.
             if pendingInvalidations.count > 1_000_000 { pendingInvalidations.removeFirst(500_000) }
@@ -170,7 +174,7 @@ extension UbiquityFileSystem {
                 let watches = remote ? watches(before: r.mutations) : []
                 if remote {
                     for case .deleteNode(let ino) in r.mutations where kernelHolds(ino) {
-                        guard var n = state.nodes[ino], n.kind != .directory else { continue }
+                        guard var n = heldBack[ino] ?? state.nodes[ino], n.kind != .directory else { continue }
                         n.nlink = 0
                         let chunks = state.chunks[ino] ?? []
                         docsLock.withLock { ghosts[ino] = (n, chunks) }
@@ -180,6 +184,13 @@ extension UbiquityFileSystem {
                     for case .putNode(let n) in r.mutations where n.kind == .regular && changedContent[n.ino] == nil
                         && n.currentVersion != state.nodes[n.ino]?.currentVersion {
                         changedContent[n.ino] = state.chunks[n.ino] ?? []
+                    }
+                    for case .putNode(let n) in r.mutations where n.kind == .regular && n.currentVersion != state.nodes[n.ino]?.currentVersion {
+                        if let v = n.currentVersion, chunks[v] == nil {
+                            if heldBack[n.ino] == nil { heldBack[n.ino] = state.nodes[n.ino] }
+                        } else {
+                            heldBack[n.ino] = nil   // its chunks and its record agree again
+                        }
                     }
                 }
                 applyLocked(r.mutations, seq: r.seq, remote: remote, chunks: chunks)

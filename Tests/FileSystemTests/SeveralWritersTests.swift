@@ -143,6 +143,34 @@ final class SeveralWritersTests: TwoWritersTestCase {
         XCTAssertEqual(two.heldByKernel([.node(f)]), [], "one reference, taken back")
     }
 
+    /// The other writer publishes a big file's version and deletes the file for good before this
+    /// one looks again: the version is left out (its chunk list went with the file), and the
+    /// file this kernel still holds is, to it, the file as this writer last had it: its size
+    /// goes with its chunks (not the new size over the old chunks).
+    func testAGhostOfABigFileWhoseLastVersionWentWithItIsTheFileAsItWas() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("fstests-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try openEmbeddedStore(directory: dir)
+        let one = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "A")
+        let two = try UbiquityFileSystem(store: store, containers: Sample.all, view: .drive, device: "B")
+        let docs = try one.ino("SugoiApp")
+        let f = try one.makeFile(docs, "big.bin", b("head"))
+        // 65 chunks, most of them holes: a list long enough to be shared between versions.
+        try one.writeFile(f, b("tail"), at: UInt64(64 * chunkSize))
+        let before = try one.getattr(f).size
+        try two.catchUp()
+        two.remember(f, parent: docs, name: b("big.bin"))
+        try one.writeFile(f, b("more"), at: UInt64(65 * chunkSize))
+        try one.unlink(parent: docs, name: b("big.bin"))
+        XCTAssertEqual(try one.emptyTrash(f), 1)
+        try two.catchUp()
+        // (Its content is gone here: both writers are in this process, so one freed the blobs
+        // at once; a daemon leaves them while others run, see the test of a ghost's content.)
+        let ghost = try two.getattr(f)
+        XCTAssertEqual(ghost.size, before, "the ghost is the file as two last had it")
+        XCTAssertEqual(ghost.nlink, 0)
+    }
+
     /// A writer that fell further behind than the trimmed change log (a daemon stopped for long)
     /// loads the namespace again and still tells the kernel what changed, and an open document
     /// with no changes of its own follows the other's publish.
