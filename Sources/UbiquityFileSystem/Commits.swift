@@ -123,7 +123,7 @@ extension UbiquityFileSystem {
             pendingInvalidations += invalidations
             pendingRebases.formUnion(changed)
             let now = monotonicNanoseconds()
-            for ino in changed { changedElsewhere.note(ino, now: now) }
+            for ino in changed where state.nodes[ino]?.kind == .regular { changedElsewhere.note(ino, now: now) }
         }
         log("the store's change log no longer reaches back to this daemon's position; loaded the namespace again "
             + "(\(changed.count) nodes differed)")
@@ -201,7 +201,8 @@ extension UbiquityFileSystem {
                 for m in r.mutations {
                     if case .putNode(let n) = m {
                         pendingRebases.insert(n.ino)
-                        changedElsewhere.note(n.ino, now: now)
+                        // Files only: a size the kernel keeps decides what a read returns.
+                        if n.kind == .regular { changedElsewhere.note(n.ino, now: now) }
                     }
                     switch m {
                     case .putDirent(let d): pendingInvalidations.append(.entry(parent: d.parent, name: d.name)); pendingInvalidations.append(.node(d.parent))

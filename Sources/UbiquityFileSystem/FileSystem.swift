@@ -88,7 +88,7 @@ public final class UbiquityFileSystem: @unchecked Sendable {
     /// Other writers' changes to replay for programs watching the mount (see WatchEvents.swift).
     var pendingWatches: [PendingWatch] = []   // guarded by commits
     var ghostCount: UInt64 = 0                // guarded by commits
-    /// Nodes other writers changed lately: the kernel caches their attributes for no time.
+    /// Files other writers changed lately: the kernel caches their attributes for no time.
     var changedElsewhere = RecentRemoteChanges()   // written under commits + ns (write); read under ns
     /// This daemon as a writer of the store's change log.
     public let writerID: String

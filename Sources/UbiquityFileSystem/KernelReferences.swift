@@ -114,7 +114,7 @@ struct KernelReferences {
     }
 }
 
-/// Nodes another writer changed in the last `window`, whose attributes the kernel is told to
+/// Files another writer changed in the last `window`, whose attributes the kernel is told to
 /// keep for no time. A reply read before such a change can reach the kernel after the change's
 /// invalidation went unheard: the kernel ignores an invalidation of an inode it is still making
 /// from that very reply, then keeps the reply's attributes for the whole cache time (a file
