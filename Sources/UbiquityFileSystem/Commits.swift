@@ -288,6 +288,11 @@ extension UbiquityFileSystem {
     /// WatchEvents.swift): the change feed sends the invalidations first, then replays.
     public func catchUpForKernel() throws(FSError) -> (invalidations: [KernelInvalidation], watches: [WatchEvent]) {
         try typed {
+            // First, so files stay uncached no longer than their time while the store is out of reach.
+            commits.withLock {
+                let now = monotonicNanoseconds()
+                if changedElsewhere.hasExpired(now: now) { ns.write { changedElsewhere.prune(now: now) } }
+            }
             let from = ns.read { state.seq }
             var records: [ChangeRecord] = []
             var trimmed = false
@@ -296,7 +301,6 @@ extension UbiquityFileSystem {
                 trimmed = true
             }
             let (all, rebases, watches) = try commits.withLock { () throws -> ([KernelInvalidation], [(NodeRecord, [ChunkRef])], [WatchEvent]) in
-                if !changedElsewhere.isEmpty { ns.write { changedElsewhere.prune(now: monotonicNanoseconds()) } }
                 // Records at or below the position were applied meanwhile (this writer's own commits
                 // catch up too); the rest follow on from it with no gap.
                 if trimmed { try catchUpLocked() } else { applyCommitted(records) }

@@ -888,6 +888,10 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
             p.baseAddress!.withMemoryRebound(to: CChar.self, capacity: p.count) { namePtr in
                 let isDot = entry.name == [0x2e] || entry.name == [0x2e, 0x2e]
                 if plus {
+                    // The size first (libfuse's answer for no buffer): no lookup for an entry
+                    // that does not fit, which would count a node only to take it back.
+                    let wanted = fuse_add_direntry_plus(req, nil, 0, namePtr, nil, 0)
+                    if wanted > size - used { return wanted }
                     var e = fuse_entry_param()
                     // Counted as the attributes are read (see `UbiquityFileSystem.lookup`).
                     if !isDot, let a = try? b.fs.lookup(parent: ino, name: entry.name, forKernel: true) {
@@ -913,10 +917,7 @@ private func readdir(_ r: consuming Request, _ ino: fuse_ino_t, _ size: Int, _ o
                 }
             }
         }
-        if needed > size - used {
-            if let counted { b.fs.forget(counted, count: 1) }
-            break
-        }
+        if needed > size - used { break }
         used += needed
         if let counted { added.append((counted, entry.name)) }
     }
@@ -990,7 +991,7 @@ public final class FuseSession: @unchecked Sendable {
         }
         mounted = true
         unheard = UnheardInvalidations(send: { [unowned self] changes in sendWhileServing(changes) },
-                                       held: { [unowned self] changes in bridgeRef.takeUnretainedValue().fs.heldByKernel(changes) })
+                                       held: { changes in fs.heldByKernel(changes) })
         // The kernel's kill flags reach the ops through the shim's hooks; without them the
         // kernel keeps dropping set-ID bits itself, and asks for security.capability per write.
         if ubiquityfs_custom_io(session) != 0 { log("libfuse refused custom device I/O: set-ID bits stay the kernel's to drop") }
@@ -1027,8 +1028,9 @@ public final class FuseSession: @unchecked Sendable {
     /// Tell the kernel to drop what it cached of things another writer changed. Call from a
     /// thread of its own (never a FUSE worker) with no model lock held: the kernel may need the
     /// daemon to answer other requests (a FORGET, a lookup) before the notification returns.
-    /// ENOENT (the kernel had nothing cached) is not an error, but may be a reply on its way
-    /// that predates the change: those are sent again (see `UnheardInvalidations`).
+    /// ENOENT (the kernel had nothing cached) is not an error, but for a node it may mean an
+    /// answer on its way that predates the change: those are sent again (see
+    /// `UnheardInvalidations`).
     public func invalidate(_ changes: [KernelInvalidation]) {
         guard mounted, let missed = sendWhileServing(changes) else { return }
         unheard.add(missed)
@@ -1073,6 +1075,7 @@ public final class FuseSession: @unchecked Sendable {
 
     /// Unmount (if still mounted) and free the session.
     public func close() {
+        serving.store(false, ordering: .releasing)   // if `run` never ran
         unheard?.stop()
         replayer.stop()
         // Answer lock requests still waiting while their session exists.

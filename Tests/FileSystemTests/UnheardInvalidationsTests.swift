@@ -1,5 +1,5 @@
-// Invalidations the kernel answered ENOENT are sent again while the kernel holds their node:
-// a node's until it is heard (or 2 s), a name's a few times, nothing the kernel let go.
+// Inode invalidations the kernel answered ENOENT are sent again while the kernel holds the node,
+// until heard or for the span; names' and what the kernel let go are not.
 
 import Foundation
 import XCTest
@@ -9,15 +9,19 @@ final class UnheardInvalidationsTests: XCTestCase {
     /// What the fake kernel was sent, and what it will not hear yet.
     final class Kernel: @unchecked Sendable {
         let lock = NSLock()
-        var sent: [KernelInvalidation] = []
+        var calls: [KernelInvalidation] = []        // every change sent, served or not
         var deaf: [KernelInvalidation: Int] = [:]   // ENOENT for this many more tries
         var held: Set<KernelInvalidation> = []
         var serving = true
 
+        init(held: Set<KernelInvalidation>, deaf: [KernelInvalidation: Int]) {
+            self.held = held
+            self.deaf = deaf
+        }
         func send(_ changes: [KernelInvalidation]) -> [KernelInvalidation]? {
             lock.withLock {
+                calls += changes
                 guard serving else { return nil }
-                sent += changes
                 return changes.filter { c in
                     guard let n = deaf[c], n > 0 else { return false }
                     deaf[c] = n - 1
@@ -28,71 +32,68 @@ final class UnheardInvalidationsTests: XCTestCase {
         func stillHeld(_ changes: [KernelInvalidation]) -> [KernelInvalidation] {
             lock.withLock { changes.filter(held.contains) }
         }
-        func count(_ c: KernelInvalidation) -> Int { lock.withLock { sent.filter { $0 == c }.count } }
+        func count(_ c: KernelInvalidation) -> Int { lock.withLock { calls.filter { $0 == c }.count } }
+        func settle(_ c: KernelInvalidation, below limit: Double) -> Int {
+            let deadline = Date().addingTimeInterval(limit)
+            var last = count(c)
+            while Date() < deadline {
+                usleep(100_000)
+                let now = count(c)
+                if now == last && now > 0 { return now }
+                last = now
+            }
+            return last
+        }
+    }
+
+    private func retrying(_ kernel: Kernel, span: UInt64 = 5_000_000_000) -> UnheardInvalidations {
+        UnheardInvalidations(span: span, send: { kernel.send($0) }, held: { kernel.stillHeld($0) })
     }
 
     func testANodeIsSentAgainUntilTheKernelHearsIt() throws {
-        let kernel = Kernel()
         let node = KernelInvalidation.node(7)
-        kernel.held = [node]
-        kernel.deaf[node] = 3
-        let unheard = UnheardInvalidations(send: kernel.send, held: kernel.stillHeld)
+        let kernel = Kernel(held: [node], deaf: [node: 3])
+        let unheard = retrying(kernel)
         defer { unheard.stop() }
-        unheard.add([node])
-        let deadline = Date().addingTimeInterval(1.5)
-        while kernel.count(node) < 4 && Date() < deadline { usleep(5_000) }
-        XCTAssertEqual(kernel.count(node), 4, "three unheard tries, then the one heard")
-        usleep(150_000)
-        XCTAssertEqual(kernel.count(node), 4, "heard: not sent again")
+        unheard.add([node, node])
+        XCTAssertEqual(kernel.settle(node, below: 3), 4, "three unheard tries, then the one heard; once though added twice")
     }
 
-    func testANodeTheKernelLetGoIsNotSentAgain() throws {
-        let kernel = Kernel()
-        let node = KernelInvalidation.node(8)
-        kernel.deaf[node] = 100
-        let unheard = UnheardInvalidations(send: kernel.send, held: kernel.stillHeld)
+    func testANodeTheKernelLetGoOrANameIsNotSentAgain() throws {
+        let node = KernelInvalidation.node(8), name = KernelInvalidation.entry(parent: 1, name: Array("x".utf8))
+        let kernel = Kernel(held: [name], deaf: [node: 100, name: 100])
+        let unheard = retrying(kernel)
         defer { unheard.stop() }
-        unheard.add([node])
-        usleep(200_000)
-        XCTAssertEqual(kernel.count(node), 0)
+        unheard.add([node, name])
+        usleep(300_000)
+        XCTAssertEqual(kernel.count(node), 0, "not held")
+        XCTAssertEqual(kernel.count(name), 0, "names wait for the folder's lock: never unheard this way")
     }
 
-    func testANameIsSentAgainAFewTimesOnly() throws {
-        let kernel = Kernel()
-        let entry = KernelInvalidation.entry(parent: 5, name: Array("x".utf8))
-        kernel.held = [entry]
-        kernel.deaf[entry] = 1_000
+    func testANodeNeverHeardIsGivenUpAfterTheSpan() throws {
         let node = KernelInvalidation.node(9)
-        kernel.held.insert(node)
-        kernel.deaf[node] = 1_000
-        let unheard = UnheardInvalidations(send: kernel.send, held: kernel.stillHeld)
+        let kernel = Kernel(held: [node], deaf: [node: 100_000])
+        let unheard = retrying(kernel, span: 300_000_000)
         defer { unheard.stop() }
-        unheard.add([entry, node])
-        usleep(900_000)
-        XCTAssertEqual(kernel.count(entry), UnheardInvalidations.entryDelays.count)
-        let tries = kernel.count(node)
-        XCTAssertGreaterThan(tries, 10, "a held node is tried again for 2 s")
-        usleep(1_400_000)
-        let final = kernel.count(node)
-        usleep(200_000)
-        XCTAssertEqual(kernel.count(node), final, "given up after 2 s")
-        XCTAssertLessThan(final, 60, "backing off to 50 ms between tries")
+        unheard.add([node])
+        let tries = kernel.settle(node, below: 5)
+        XCTAssertGreaterThan(tries, 3, "tried again within the span")
+        XCTAssertLessThan(tries, 20, "backing off, and given up after it")
+        usleep(300_000)
+        XCTAssertEqual(kernel.count(node), tries)
     }
 
-    func testNothingIsSentOnceStoppedOrOnceTheSessionStopsServing() throws {
-        let kernel = Kernel()
+    func testNothingIsSentOnceTheSessionStopsServingOrOnceStopped() throws {
         let node = KernelInvalidation.node(10)
-        kernel.held = [node]
-        kernel.deaf[node] = 1_000
-        let unheard = UnheardInvalidations(send: kernel.send, held: kernel.stillHeld)
+        let kernel = Kernel(held: [node], deaf: [node: 100_000])
+        kernel.serving = false
+        let unheard = retrying(kernel)
         unheard.add([node])
-        usleep(30_000)
-        kernel.lock.withLock { kernel.serving = false }
-        usleep(100_000)
-        let tries = kernel.count(node)
+        XCTAssertEqual(kernel.settle(node, below: 3), 1, "one call, nothing sent: given up")
+        kernel.lock.withLock { kernel.serving = true }
         unheard.stop()
         unheard.add([node])
-        usleep(100_000)
-        XCTAssertEqual(kernel.count(node), tries)
+        usleep(200_000)
+        XCTAssertEqual(kernel.count(node), 1, "stopped")
     }
 }

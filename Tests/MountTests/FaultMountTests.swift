@@ -184,13 +184,17 @@ final class FaultMountTests: MountTestCase {
         // Past the time another writer's fresh change is answered uncached: this is about the
         // invalidation alone.
         usleep(2_500_000)
-        faults("lookupAnswer delay 1000")
+        faults("lookupAnswer delay 1500")
         eventually("both daemons read the faults") {
-            self.daemonLogTail(lines: 40).components(separatedBy: "fault injection: now lookupAnswer delay 1000").count == 3
+            self.daemonLogTail(lines: 40).components(separatedBy: "fault injection: now lookupAnswer delay 1500").count == 3
         }
         let stat = try BackgroundProcess(["stat", "-c", "%s", d + "/late.txt"], environment: environment, log: workDir + "/stat.out")
         defer { stat.stop() }
-        usleep(300_000)
+        eventually("stat waits for the lookup's answer") {
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(stat.pid)/task")) ?? []).contains {
+                (try? String(contentsOfFile: "/proc/\(stat.pid)/task/\($0)/wchan", encoding: .utf8)) == "request_wait_answer"
+            }
+        }
         XCTAssertEqual(Posix.writeFile(theirs + "/late.txt", "version two, longer\n"), 0)
         eventually("the lookup is answered") { !stat.isRunning }
         XCTAssertEqual(Posix.readText(workDir + "/stat.out")?.trimmingCharacters(in: .whitespacesAndNewlines), "3",

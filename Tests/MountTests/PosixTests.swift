@@ -558,6 +558,21 @@ final class PosixTests: MountTestCase {
         XCTAssertEqual(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines), "precious new ['a', 'b']")
     }
 
+    /// `ls -l` of a folder whose listing takes many replies (readdirplus: each entry gives the
+    /// kernel its node) counts exactly what it gave: once the kernel drops its caches and forgets
+    /// them all, no forget is of more than was counted, and the files read as before.
+    func testAListingOfManyRepliesCountsWhatItGivesTheKernel() throws {
+        try mount()
+        assertShell("mkdir many && for i in $(seq 1 400); do echo $i > many/file-with-a-longish-name-$i; done", cwd: dir)
+        assertShell("echo 2 > /proc/sys/vm/drop_caches")
+        XCTAssertEqual(assertShell("ls -l many | wc -l", cwd: dir).stdout.trimmingCharacters(in: .whitespacesAndNewlines), "401")
+        assertShell("echo 2 > /proc/sys/vm/drop_caches")
+        XCTAssertEqual(Posix.readText(dir + "/many/file-with-a-longish-name-400"), "400\n")
+        XCTAssertFalse(daemonLogTail(lines: 200).contains("internal error"), daemonLogTail())
+        try unmount()
+        assertStoreWhole()
+    }
+
     /// A file whose last name is gone stays usable through a descriptor that holds no open file
     /// (O_PATH), and a removed working folder still answers stat with a link count of 0.
     func testNamelessNodesLiveWhileTheKernelRefersToThem() throws {
