@@ -181,11 +181,8 @@ extension UbiquityFileSystem {
                     }
                 }
                 if remote {
-                    for case .putNode(let n) in r.mutations where n.kind == .regular && changedContent[n.ino] == nil
-                        && n.currentVersion != state.nodes[n.ino]?.currentVersion {
-                        changedContent[n.ino] = state.chunks[n.ino] ?? []
-                    }
                     for case .putNode(let n) in r.mutations where n.kind == .regular && n.currentVersion != state.nodes[n.ino]?.currentVersion {
+                        if changedContent[n.ino] == nil { changedContent[n.ino] = state.chunks[n.ino] ?? [] }
                         if let v = n.currentVersion, chunks[v] == nil {
                             if heldBack[n.ino] == nil { heldBack[n.ino] = state.nodes[n.ino] }
                         } else {

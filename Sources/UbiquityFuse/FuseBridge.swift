@@ -1036,8 +1036,9 @@ public final class FuseSession: @unchecked Sendable {
         unheard.add(missed)
     }
 
-    /// Sends `changes`, never beside a replay (see `Replayer.whileIdle`); returns those the
-    /// kernel answered ENOENT, or nil once nothing serves.
+    /// Sends `changes`, never beside a replay (see `Replayer.whileIdle`); returns the node
+    /// invalidations the kernel answered ENOENT (a name's ENOENT only means nothing was
+    /// cached), or nil once nothing serves.
     private func sendWhileServing(_ changes: [KernelInvalidation]) -> [KernelInvalidation]? {
         while serving.load(ordering: .acquiring) {
             var missed: [KernelInvalidation] = []
@@ -1060,7 +1061,7 @@ public final class FuseSession: @unchecked Sendable {
             case .node(let ino):
                 result = fuse_lowlevel_notify_inval_inode(session, fuse_ino_t(ino), 0, 0)
             }
-            if result == -ENOENT { missed.append(change) }
+            if result == -ENOENT, case .node = change { missed.append(change) }
         }
         return missed
     }

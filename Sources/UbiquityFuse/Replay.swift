@@ -135,10 +135,10 @@ final class Replayer: @unchecked Sendable {
     }
 
     /// Runs `body` (invalidations: the change feed's, and those sent again) with no replay in
-    /// flight, if the one in flight ends within `seconds`; false if it did not. An invalidation of a folder takes the
-    /// kernel's lock of that folder, which a replay in it holds until the daemon answers it:
-    /// were the two to overlap when the session stops serving, the invalidation would wait in
-    /// the kernel for good, and the daemon's stop with it.
+    /// flight, if the one in flight ends within `seconds`; false if it did not. An invalidation
+    /// of a folder takes the kernel's lock of that folder, which a replay in it holds until the
+    /// daemon answers it: were the two to overlap when the session stops serving, the
+    /// invalidation would wait in the kernel for good, and the daemon's stop with it.
     func whileIdle(seconds: Double, _ body: () -> Void) -> Bool {
         condition.lock()
         let deadline = Date().addingTimeInterval(seconds)

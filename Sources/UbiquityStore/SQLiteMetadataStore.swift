@@ -285,13 +285,13 @@ public final class SQLiteMetadataStore: MetadataStore, @unchecked Sendable {
         return handle
     }
 
-    /// Pragmas, schema, schema-version check.
     /// The folder that holds the database at `path` (the store's folder).
     private static func folder(of path: String) -> String {
         let folder = (path as NSString).deletingLastPathComponent
         return folder.isEmpty ? "." : folder
     }
 
+    /// Pragmas, schema, schema-version check.
     private static func setUp(_ db: OpaquePointer, path: String) throws(StoreError) {
         sqlite3_busy_timeout(db, 5000)
         let mode = try scalarText(db, "PRAGMA journal_mode=WAL", path: path)
