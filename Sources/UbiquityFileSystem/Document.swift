@@ -20,6 +20,7 @@
 // held for no I/O. Those fields change only under `lock` held for writing *and* `statLock`.
 
 import Foundation
+import Synchronization
 import UbiquityStore
 
 final class Document: @unchecked Sendable {
@@ -57,6 +58,12 @@ final class Document: @unchecked Sendable {
     /// Monotonic time of the last publish at a close (guarded by `closeLock`).
     private var lastClosePublish: UInt64 = 0
     private let closeLock = Lock()
+    /// Sequential reads (see `blobsToReadAhead`): the furthest end of a read so far and the
+    /// last chunk whose blob was named for read-ahead.
+    private let readAhead = Mutex<(end: UInt64, named: Int)>((0, -1))
+    /// Chunks read ahead of a sequential read: the mount's own read-ahead (4 MiB) and as much
+    /// again, so the disk is reading the next blobs while the kernel asks for these.
+    static let readAheadChunks = 8
 
     // Written under `lock` (write) and `statLock`; read under either.
     private let statLock = Lock()
@@ -188,6 +195,38 @@ final class Document: @unchecked Sendable {
                 return true
             }
             return whole ? (pieces, open) : nil
+        }
+    }
+
+    /// The blobs to read ahead of a read of `count` bytes at `offset`. Each chunk is a blob file
+    /// of its own, and the disk's read-ahead stops at a file's end: where reads of this file run
+    /// in order (each starts within `readAheadChunks` chunks of the furthest end so far: the
+    /// kernel's read-ahead sends several at once, in any order) and are large (the kernel's
+    /// read-ahead asks for up to 1000 KiB at a time; a random reader's misses ask for a few
+    /// pages), the base's blobs of the next chunks not yet named, for the caller to have read
+    /// into the page cache. Other reads name none and start the count again.
+    func blobsToReadAhead(offset: UInt64, count: Int) -> [BlobID] {
+        guard count > 0 else { return [] }
+        let end = offset + UInt64(count)
+        let last = Int((end - 1) / UInt64(chunkSize))
+        let window = UInt64(Self.readAheadChunks * chunkSize)
+        let wanted: Range<Int> = readAhead.withLock { state in
+            let near = offset == 0 ? state.end == 0 : (offset <= state.end + window && offset + window >= state.end)
+            let inOrder = near && count >= 128 * 1024
+            state.end = near ? max(state.end, end) : end
+            guard inOrder else {
+                state.named = last
+                return 0..<0
+            }
+            let from = max(state.named + 1, last + 1)
+            let to = last + 1 + Self.readAheadChunks
+            if from >= to { return 0..<0 }
+            state.named = to - 1
+            return from..<to
+        }
+        if wanted.isEmpty { return [] }
+        return lock.read {
+            wanted.clamped(to: 0..<base.count).compactMap { base[$0].isHole ? nil : base[$0].blob }
         }
     }
 

@@ -149,7 +149,9 @@ extension UbiquityFileSystem {
         return try typed {
             if trashHandleNode(handle) != nil { return nil }
             let doc = try fileDocument(handle).0
-            return doc.filePieces(at: offset, count: count, files: files).map { FileReply(pieces: $0.pieces, files: $0.files) }
+            guard let reply = doc.filePieces(at: offset, count: count, files: files) else { return nil }
+            for blob in doc.blobsToReadAhead(offset: offset, count: count) { files.readAhead(blob) }
+            return FileReply(pieces: reply.pieces, files: reply.files)
         }
     }
 

@@ -339,6 +339,11 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
 
     public func file(_ blob: BlobID) throws(StoreError) -> BlobFile { try openForReading(blob) }
 
+    public func readAhead(_ blob: BlobID) {
+        guard blob != 0, let file = try? openForReading(blob) else { return }
+        _ = posix_fadvise(file.fd, 0, 0, POSIX_FADV_WILLNEED)
+    }
+
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         if blob == 0 || buffer.isEmpty { return 0 }  // the hole: an empty blob
         guard offset >= 0 else { throw StoreError(errno: EINVAL, "read \(path(of: blob)): negative offset \(offset)") }
