@@ -58,9 +58,9 @@ final class Document: @unchecked Sendable {
     /// Monotonic time of the last publish at a close (guarded by `closeLock`).
     private var lastClosePublish: UInt64 = 0
     private let closeLock = Lock()
-    /// Sequential reads (see `blobsToReadAhead`): the furthest end of a read so far and the
-    /// last chunk whose blob was named for read-ahead.
-    private let readAhead = Mutex<(end: UInt64, named: Int)>((0, -1))
+    /// Sequential reads (see `blobsToReadAhead`): the furthest end of a read so far, where the
+    /// run of reads in order began, and the last chunk whose blob was named for read-ahead.
+    private let readAhead = Mutex<(end: UInt64, runStart: UInt64, named: Int)>((0, 0, -1))
     /// Chunks read ahead of a sequential read: the mount's own read-ahead (4 MiB) and as much
     /// again, so the disk is reading the next blobs while the kernel asks for these.
     static let readAheadChunks = 8
@@ -201,10 +201,11 @@ final class Document: @unchecked Sendable {
     /// The blobs to read ahead of a read of `count` bytes at `offset`. Each chunk is a blob file
     /// of its own, and the disk's read-ahead stops at a file's end: where reads of this file run
     /// in order (each starts within `readAheadChunks` chunks of the furthest end so far: the
-    /// kernel's read-ahead sends several at once, in any order) and are large (the kernel's
-    /// read-ahead asks for up to 1000 KiB at a time; a random reader's misses ask for a few
-    /// pages), the base's blobs of the next chunks not yet named, for the caller to have read
-    /// into the page cache. Other reads name none and start the count again.
+    /// kernel's read-ahead sends several at once, in any order), are large (it asks for up to
+    /// 1000 KiB at a time; a random reader's misses ask for a few pages), and the run has
+    /// covered twice that window (a page fault's read-around, or a first look at a file's start,
+    /// is not a run), the base's blobs of the next chunks not yet named, for the caller to have
+    /// read into the page cache. Other reads name none; one far from the last starts a new run.
     func blobsToReadAhead(offset: UInt64, count: Int) -> [BlobID] {
         guard count > 0 else { return [] }
         let end = offset + UInt64(count)
@@ -212,10 +213,11 @@ final class Document: @unchecked Sendable {
         let window = UInt64(Self.readAheadChunks * chunkSize)
         let wanted: Range<Int> = readAhead.withLock { state in
             let near = offset == 0 ? state.end == 0 : (offset <= state.end + window && offset + window >= state.end)
-            let inOrder = near && count >= 128 * 1024
+            if !near { state.runStart = offset }
             state.end = near ? max(state.end, end) : end
-            guard inOrder else {
-                state.named = last
+            guard near, count >= 128 * 1024, state.end - state.runStart >= 2 * window else {
+                state.named = max(state.named, last)
+                if !near { state.named = last }
                 return 0..<0
             }
             let from = max(state.named + 1, last + 1)

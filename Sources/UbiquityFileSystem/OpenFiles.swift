@@ -150,7 +150,7 @@ extension UbiquityFileSystem {
             if trashHandleNode(handle) != nil { return nil }
             let doc = try fileDocument(handle).0
             guard let reply = doc.filePieces(at: offset, count: count, files: files) else { return nil }
-            for blob in doc.blobsToReadAhead(offset: offset, count: count) { files.readAhead(blob) }
+            files.readAhead(doc.blobsToReadAhead(offset: offset, count: count))
             return FileReply(pieces: reply.pieces, files: reply.files)
         }
     }

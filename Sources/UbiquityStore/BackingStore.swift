@@ -639,9 +639,9 @@ public protocol ChunkAdopting: AnyObject, Sendable {
 public protocol BlobFiles: AnyObject, Sendable {
     /// `blob`'s file, open for reading while the returned object lives.
     func file(_ blob: BlobID) throws(StoreError) -> BlobFile
-    /// Start reading `blob`'s file into the page cache, without waiting for it; a blob that
-    /// cannot be opened is left for the read that needs it to report.
-    func readAhead(_ blob: BlobID)
+    /// Have `blobs`' files read into the page cache, on a queue of the store's: the caller does
+    /// not wait. A blob that cannot be opened is left for the read that needs it to report.
+    func readAhead(_ blobs: [BlobID])
 }
 
 /// An open blob file; closed once no one holds it.

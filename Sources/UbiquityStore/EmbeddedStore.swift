@@ -62,8 +62,7 @@ public func openEmbeddedStore(directory: String, log: @escaping @Sendable (Strin
     let reserve = SpaceReserve(directory: directory, log: log)
     let metadata = try SQLiteMetadataStore(path: directory + "/metadata.sqlite3", storeLock: lock, reserve: reserve,
                                            journalFolder: directory + "/journal", log: log)
-    let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock, reserve: reserve,
-                                   writeBehind: .milliseconds(5))
+    let blobs = try LocalBlobStore(directory: directory, fdCacheCapacity: 256, storeLock: lock, reserve: reserve)
     let work = try LocalWorkArea(directory: directory, storeLock: lock, reserve: reserve)
     let locks = try LocalLockTable(directory: directory, storeLock: lock)
     reserve.start()

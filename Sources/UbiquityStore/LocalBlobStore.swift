@@ -9,12 +9,9 @@
 // disk (other files' too), so an fsync of a small change costs what that change costs; past
 // `unsyncedLimit` chunks, one syncfs is cheaper than as many journal commits.
 //
-// Write-behind (the embedded store's): a few milliseconds after a chunk is listed, a background
-// pass syncs what is listed and strikes it off, so the next fsync finds little left: without it,
-// an fsync after fifty `echo line >> f` paid fifty fdatasyncs and their folders' fsyncs (30 ms
-// here). Passes stop once the list overflows (a burst; the next sync's one syncfs covers it).
-// Chunks written close in time share an XX folder (`folderCursor`), so a pass or a sync fsyncs
-// one or two folders, not one per chunk.
+// Ids drawn one after another share their XX folder (`folderCursor`, 64 to a folder, then the
+// next), so a sync of many fresh chunks fsyncs one or two folders, not one per chunk: an fsync
+// after fifty `echo line >> f` made fifty fdatasyncs and 43 folder fsyncs.
 //
 // Reads go through a bounded LRU cache of read-only fds. The cache lock guards only the map; the
 // pread runs outside it on a reference-counted `BlobFile` that closes its fd when the last user
@@ -82,21 +79,12 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
     private let reserve: SpaceReserve?
     // `syncMutex` guards `unsynced` and `unsyncedOverflow`: the chunks written without a sync
     // since the last `syncAll` or `syncWritten` (or, past the limit, only that there were many),
-    // `behindScheduled` and `folderCursor`. Never held across a system call.
+    // and `folderCursor`. Never held across a system call.
     private let syncMutex = StoreMutex()
     private var unsynced: Set<BlobID> = []
     private var unsyncedOverflow = false
-    /// A write-behind pass is scheduled and has not yet taken its list.
-    private var behindScheduled = false
     /// Counts ids drawn; `folderCursor >> 6` is the XX folder of the next one (64 per folder).
     private var folderCursor = UInt64.random(in: 0...UInt64.max)
-    // `syncRun` serializes the syncs of listed chunks, a write-behind pass's and a barrier's: a
-    // barrier that ran beside a pass would not see the chunks the pass took and has not synced
-    // yet. Held across the system calls of a sync (that is its purpose); taken before `syncMutex`.
-    private let syncRun = StoreMutex()
-    /// Where write-behind passes run, after `behindDelay`; nil: none (chunks wait for a barrier).
-    private let behind: DispatchQueue?
-    private let behindDelay: DispatchTimeInterval
     /// More unsynced chunks than this are made durable by one syncfs.
     static let unsyncedLimit = 64
 
@@ -105,9 +93,7 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
         try self.init(directory: directory, fdCacheCapacity: fdCacheCapacity, storeLock: nil)
     }
 
-    /// `writeBehind`: sync listed chunks in the background that long after the first is listed.
-    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?, reserve: SpaceReserve? = nil,
-         writeBehind: DispatchTimeInterval? = nil) throws(StoreError) {
+    init(directory: String, fdCacheCapacity: Int, storeLock: StoreLock?, reserve: SpaceReserve? = nil) throws(StoreError) {
         let blobsPath = directory + "/blobs"
         let tempPath = blobsPath + "/.tmp"
         try makeDirectories(directory)
@@ -138,8 +124,6 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
         self.cache = FDCache(capacity: fdCacheCapacity)
         self.storeLock = storeLock
         self.reserve = reserve
-        self.behind = writeBehind.map { _ in DispatchQueue(label: "ubiquityfs.blobs.write-behind", qos: .utility) }
-        self.behindDelay = writeBehind ?? .never
     }
 
     deinit { close(blobsFD) }
@@ -270,29 +254,10 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
         return high << 8 | low
     }
 
-    /// `id` was written without a sync: list it, and have a write-behind pass sync it soon.
+    /// `id` was written without a sync: the next barrier syncs it.
     private func listUnsynced(_ id: BlobID) {
-        let schedule = syncMutex.withLock { () -> Bool in
+        syncMutex.withLock {
             if unsynced.count < Self.unsyncedLimit { unsynced.insert(id) } else { unsyncedOverflow = true }
-            guard behind != nil, !behindScheduled, !unsyncedOverflow else { return false }
-            behindScheduled = true
-            return true
-        }
-        if schedule, let behind {
-            behind.asyncAfter(deadline: .now() + behindDelay) { [weak self] in self?.syncBehind() }
-        }
-    }
-
-    /// A write-behind pass: sync what is listed now and strike it off. On a failure nothing is
-    /// struck off: the next barrier syncs it all again and reports the error.
-    private func syncBehind() {
-        syncRun.withLock {
-            let listed: [BlobID] = syncMutex.withLock {
-                behindScheduled = false
-                return unsyncedOverflow ? [] : Array(unsynced)
-            }
-            guard !listed.isEmpty, (try? syncListed(listed)) != nil else { return }
-            syncMutex.withLock { unsynced.subtract(listed) }
         }
     }
 
@@ -339,10 +304,18 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
 
     public func file(_ blob: BlobID) throws(StoreError) -> BlobFile { try openForReading(blob) }
 
-    public func readAhead(_ blob: BlobID) {
-        guard blob != 0, let file = try? openForReading(blob) else { return }
-        _ = posix_fadvise(file.fd, 0, 0, POSIX_FADV_WILLNEED)
+    public func readAhead(_ blobs: [BlobID]) {
+        guard !blobs.isEmpty else { return }
+        // Off the request's path: opening a blob reads its inode, and WILLNEED can wait for the
+        // disk's queue.
+        Self.readAheadQueue.async { [self] in
+            for blob in blobs where blob != 0 {
+                guard let file = try? openForReading(blob) else { continue }
+                _ = posix_fadvise(file.fd, 0, 0, POSIX_FADV_WILLNEED)
+            }
+        }
     }
+    private static let readAheadQueue = DispatchQueue(label: "ubiquityfs.blobs.read-ahead", qos: .utility)
 
     public func read(_ blob: BlobID, at offset: Int, into buffer: UnsafeMutableRawBufferPointer) throws(StoreError) -> Int {
         if blob == 0 || buffer.isEmpty { return 0 }  // the hole: an empty blob
@@ -378,34 +351,27 @@ public final class LocalBlobStore: BlobStore, ChunkAdopting, BlobFiles, @uncheck
     /// is taken first: a chunk written meanwhile stays listed (synced twice at worst), and a
     /// failed sync gives back what it took.
     private func sync(wholeDisk: Bool) throws(StoreError) {
-        try syncRun.withLock { () throws(StoreError) in
-            let taken = takeUnsynced()
-            do throws(StoreError) {
-                if wholeDisk || taken.overflow { return try syncFilesystem(blobsFD, path: blobsPath) }
-                try syncListed(taken.ids)
-            } catch {
-                giveBack(taken)
-                throw error
+        let taken = takeUnsynced()
+        do throws(StoreError) {
+            if wholeDisk || taken.overflow { return try syncFilesystem(blobsFD, path: blobsPath) }
+            var folders = Set<UInt8>()
+            for id in taken.ids {
+                let file = path(of: id)
+                let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
+                if fd < 0 {
+                    if errno == ENOENT { continue }   // deleted since (a failed publish's): named by no commit
+                    throw systemError("open blob", file, errno)
+                }
+                defer { close(fd) }
+                try fdatasyncChecked(fd, path: file)
+                folders.insert(UInt8(truncatingIfNeeded: id))
             }
+            // The renames into the XX folders: without these, a synced file may have no name.
+            for low in folders { try fsyncDirectory(folder(of: BlobID(low))) }
+        } catch {
+            giveBack(taken)
+            throw error
         }
-    }
-
-    /// An fdatasync of each chunk (one deleted since is skipped: a failed publish's, named by no
-    /// commit), then an fsync of their folders: without it, a synced file may have no name.
-    private func syncListed<Chunks: Sequence<BlobID>>(_ ids: Chunks) throws(StoreError) {
-        var folders = Set<UInt8>()
-        for id in ids {
-            let file = path(of: id)
-            let fd = retryEINTR { open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW) }
-            if fd < 0 {
-                if errno == ENOENT { continue }
-                throw systemError("open blob", file, errno)
-            }
-            defer { close(fd) }
-            try fdatasyncChecked(fd, path: file)
-            folders.insert(UInt8(truncatingIfNeeded: id))
-        }
-        for low in folders { try fsyncDirectory(folder(of: BlobID(low))) }
     }
 
     private func takeUnsynced() -> (ids: Set<BlobID>, overflow: Bool) {

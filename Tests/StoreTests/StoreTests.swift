@@ -923,52 +923,19 @@ final class EmbeddedStoreTests: XCTestCase {
         XCTAssertEqual(blobs.unsyncedChunks.ids, [])
     }
 
-    /// With write-behind, a background pass syncs the listed chunks soon after they are written
-    /// and strikes them off; one it cannot sync stays listed for the barrier, which reports it;
-    /// past the limit (a burst) passes leave it all to the barrier's syncfs. Chunks written one
-    /// after another share a folder, so a sync fsyncs few folders.
-    func testWriteBehindSyncsListedChunksSoonAfter() throws {
-        func waitUntil(_ what: String, _ condition: () -> Bool) {
-            let deadline = Date().addingTimeInterval(10)
-            while !condition() && Date() < deadline { usleep(2_000) }
-            XCTAssertTrue(condition(), what)
-        }
-        let blobs = try LocalBlobStore(directory: fixture.directory, fdCacheCapacity: 8, storeLock: nil,
-                                       writeBehind: .milliseconds(1))
-        var written: [ChunkRef] = []
-        for i in 0..<8 { written.append(try writeBlob(blobs, [UInt8(i), 7])) }
-        waitUntil("a pass struck the chunks off") { blobs.unsyncedChunks.ids.isEmpty }
-        XCTAssertFalse(blobs.unsyncedChunks.overflow)
-        XCTAssertLessThanOrEqual(Set(written.map { UInt8(truncatingIfNeeded: $0.blob) }).count, 2,
-                                 "chunks written one after another share their folder")
-        for chunk in written { XCTAssertTrue(blobs.verify(chunk)) }
-
-        // A chunk the pass cannot sync (a symlink at its name, which O_NOFOLLOW refuses) stays
-        // listed, with the good one beside it: the barrier syncs both again and fails. (A slower
-        // pass, so that the symlink is in place before it runs.)
-        let slow = try LocalBlobStore(directory: fixture.directory + "/slow", fdCacheCapacity: 8, storeLock: nil,
-                                      writeBehind: .milliseconds(300))
-        let good = try writeBlob(slow, [1, 1])
-        let bad = try writeBlob(slow, [2, 2])
-        let file = slow.path(of: bad.blob)
-        XCTAssertEqual(rename(file, file + ".away"), 0)
-        XCTAssertEqual(symlink(file + ".away", file), 0)
-        usleep(600_000)
-        XCTAssertEqual(slow.unsyncedChunks.ids, [good.blob, bad.blob], "a failed pass strikes off nothing")
-        XCTAssertThrowsError(try slow.syncWritten())
-        XCTAssertEqual(unlink(file), 0)
-        XCTAssertEqual(rename(file + ".away", file), 0)
-        try slow.syncWritten()
-        XCTAssertEqual(slow.unsyncedChunks.ids, [])
-
-        // A burst past the limit: the list overflows and no pass takes it.
-        for i in 0...LocalBlobStore.unsyncedLimit { _ = try writeBlob(slow, [UInt8(truncatingIfNeeded: i), 3]) }
-        usleep(600_000)
-        XCTAssertTrue(slow.unsyncedChunks.overflow)
-        XCTAssertEqual(slow.unsyncedChunks.ids.count, LocalBlobStore.unsyncedLimit, "the pass left the list alone")
-        try slow.syncWritten()
-        XCTAssertEqual(slow.unsyncedChunks.ids, [])
-        XCTAssertFalse(slow.unsyncedChunks.overflow)
+    /// Chunks written one after another share their folder (64 to a folder, then the next), so
+    /// a sync of many fresh chunks fsyncs few folders; over time they spread over all of them.
+    func testChunksWrittenTogetherShareAFolder() throws {
+        let blobs = try LocalBlobStore(directory: fixture.directory)
+        var ids: [BlobID] = []
+        for i in 0..<(64 * 5) { ids.append(try writeBlob(blobs, [UInt8(truncatingIfNeeded: i), 7]).blob) }
+        let folders = ids.map { UInt8(truncatingIfNeeded: $0) }
+        let runs = folders.indices.dropFirst().filter { folders[$0] != folders[$0 - 1] }.count + 1
+        XCTAssertTrue((5...6).contains(runs), "320 chunks in runs of 64 per folder: \(runs) runs")
+        XCTAssertEqual(Set(folders).count, runs, "each run its own folder")
+        XCTAssertEqual(Set(ids).count, ids.count, "the other 56 bits tell them apart")
+        var st = stat()
+        XCTAssertTrue(ids.allSatisfy { lstat(blobs.path(of: $0), &st) == 0 })
     }
 
     /// Several daemons on one store: a live one's working copies are never another's leftovers;
