@@ -43,6 +43,9 @@ extension UbiquityFileSystem {
                     guard retryConflicts else { throw error }   // the caller settles it another way
                     guard attempts < Self.conflictRetries else { throw FSError(error) }
                     attempts += 1
+                    // Writers committing to one folder at once can keep beating each other's
+                    // retries: past a few, wait a random while (up to a few ms) so one gets through.
+                    if attempts > 4 { usleep(UInt32.random(in: 0...UInt32(min(attempts, 16) * 200))) }
                     try catchUpLocked()
                     continue
                 }
@@ -71,8 +74,8 @@ extension UbiquityFileSystem {
     }
 
     /// How often an operation is staged again after conflicts before it gives up (with `EIO`:
-    /// the store kept changing under it, which no local race explains).
-    static let conflictRetries = 16
+    /// the store kept changing under it for that long).
+    static let conflictRetries = 32
 
     /// Apply one committed batch to memory. `remote`: another writer's, so the version counts it
     /// touches are no longer known (this writer's own are counted as it stages them). Caller
