@@ -11,6 +11,9 @@ let package = Package(
         // libfuse3's low-level API. Only UbiquityFuse imports it.
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3",
                        providers: [.apt(["libfuse3-dev"])]),
+        // The daemon's device I/O under libfuse: hooks for what libfuse 3.14 does not pass on,
+        // and requests served over FUSE-over-io_uring. Only UbiquityFuse imports it.
+        .target(name: "CFuseIO", linkerSettings: [.linkedLibrary("fuse3")]),
         // SQLite for the embedded store's metadata. Only UbiquityStore imports it.
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3",
                        providers: [.apt(["libsqlite3-dev"])]),
@@ -32,7 +35,7 @@ let package = Package(
         // The filesystem model: namespace, views, document coordination. Knows nothing of FUSE.
         .target(name: "UbiquityFileSystem", dependencies: ["UbiquityStore"]),
         // The thin adapter from libfuse3's low-level API to the model.
-        .target(name: "UbiquityFuse", dependencies: ["CFuse", "UbiquityFileSystem"]),
+        .target(name: "UbiquityFuse", dependencies: ["CFuse", "CFuseIO", "UbiquityFileSystem"]),
         // Subcommands, option parsing and the daemon's life cycle.
         .target(name: "UbiquityCLI", dependencies: ["UbiquityFuse", "UbiquityFileSystem",
                                                     "UbiquityStore", "UbiquitySharedStore", "UbiquityManifests"]),

@@ -34,8 +34,9 @@ import errno
 import threading
 
 ATTR = "user.crash"
-# What a call on a mount whose daemon was killed fails with.
-GONE = (errno.ENOTCONN, errno.ECONNABORTED)
+# What a call on a mount whose daemon was killed fails with (ECANCELED: a call the kernel had
+# put in one of the daemon's io_uring rings).
+GONE = (errno.ENOTCONN, errno.ECONNABORTED, errno.ECANCELED)
 
 
 def digest(data):

@@ -42,7 +42,7 @@ func registrationsAndManifests(apps: String, previous: [ContainerRecord], applyC
 let mountCommand = Subcommand(
     name: "mount",
     summary: "mount the containers (drive view, or one app's containers with --app)",
-    usage: "mount [--apps DIR] [--store DIR|URL [--chunks WHERE] [--local DIR]] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] [--read-ahead KIB] MOUNTPOINT",
+    usage: "mount [--apps DIR] [--store DIR|URL [--chunks WHERE] [--local DIR]] [--app BUNDLE_ID] [-o OPTS] [--foreground] [--allow-non-empty] [--keep-versions N] [--retention SPEC] [--keep-deleted-days N] [--cache-seconds S] [--read-ahead KIB] [--io-uring-threads N] MOUNTPOINT",
     options: [
         ("--apps=", "folder of app manifests (default $XDG_CONFIG_HOME/ubiquityfs/apps)"),
         ("--store=", "store folder (default $XDG_DATA_HOME/ubiquityfs), or a shared store's postgres:// URL"),
@@ -61,6 +61,7 @@ let mountCommand = Subcommand(
         ("--keep-deleted-days=", "days an item stays in Recently Deleted (default 30)"),
         ("--cache-seconds=", "how long the kernel caches names and attributes (default 10, 0 to 3600)"),
         ("--read-ahead=", "KiB the kernel reads ahead in a file read in order (default 4096; 0 keeps the kernel's 128)"),
+        ("--io-uring-threads=", "threads per CPU serving requests over io_uring where the kernel offers it (default 4; 0: /dev/fuse only)"),
         ("--ready-fd=", "(internal) descriptor to report readiness on"),
     ],
     positionals: 1...1,
@@ -100,6 +101,9 @@ private func runMount(_ p: Parsed) throws -> Int32 {
     }
     if let kib = p.value("--read-ahead"), !(Int(kib).map { $0 >= 0 && $0 <= 1_048_576 } ?? false) {
         throw UsageError(message: "--read-ahead needs a number of KiB from 0 to 1048576")
+    }
+    if let n = p.value("--io-uring-threads"), !(Int(n).map { $0 >= 0 && $0 <= 64 } ?? false) {
+        throw UsageError(message: "--io-uring-threads needs a number from 0 to 64 (0 serves every request through /dev/fuse)")
     }
     if let fd = p.value("--ready-fd") {
         guard let n = Int32(fd) else { throw UsageError(message: "--ready-fd needs a number") }
@@ -269,6 +273,7 @@ private func serve(_ p: Parsed, mountpoint: String, readyFD: Int32?) -> Int32 {
         return ExitCode.failure
     }
     if let kib = p.value("--read-ahead").flatMap({ Int($0) }) { session.readAheadKiB = kib }
+    if let n = p.value("--io-uring-threads").flatMap({ Int($0) }) { session.ioUringThreadsPerCPU = n }
     if let entry = mountedEntry(at: resolved), entry.type == "fuse.ubiquityfs", entry.device.hasPrefix("0:") {
         session.device = entry.device
         startConnectionGuard(connection: String(entry.device.dropFirst(2)), logPath: storeDir + "/ubiquityfs.log", log: log)

@@ -27,6 +27,7 @@ private let ignoredOptions: Set<String> = [
 private let valuedOptions: [String: String] = [
     "apps": "--apps", "app": "--app", "cache_seconds": "--cache-seconds", "keep_versions": "--keep-versions",
     "retention": "--retention", "keep_deleted_days": "--keep-deleted-days", "read_ahead": "--read-ahead",
+    "io_uring_threads": "--io-uring-threads",
 ]
 private let flagOptions: [String: String] = [
     "allow_non_empty": "--allow-non-empty", "apply_manifest_changes": "--apply-manifest-changes",

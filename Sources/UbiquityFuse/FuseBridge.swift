@@ -6,6 +6,7 @@
 // not logged).
 
 import CFuse
+import CFuseIO
 import Foundation
 import Synchronization
 import UbiquityFileSystem
@@ -944,6 +945,14 @@ public final class FuseSession: @unchecked Sendable {
     /// read-ahead is set (`/sys/class/bdi/0:N`). Without it the kernel's stays.
     public var device: String?
 
+    /// Threads per CPU serving requests over FUSE-over-io_uring when the kernel offers it (the
+    /// fuse module's `enable_uring`); 0 keeps every request on /dev/fuse. One session per process.
+    public var ioUringThreadsPerCPU = FuseSession.defaultIoUringThreadsPerCPU
+    /// Enough that requests answered slowly (a cold chunk, an fsync) leave threads for the
+    /// CPU's others; each thread has a buffer as large as the largest request (1000 KiB),
+    /// touched only as requests fill it.
+    public static let defaultIoUringThreadsPerCPU = 4
+
     /// The kernel gives a new FUSE mount 128 KiB of read-ahead, while the disk under a store
     /// usually reads ahead far more (8 MiB on this kind of virtual disk): a cold sequential read
     /// would wait on the daemon, and the daemon on the disk, every 128 KiB.
@@ -992,9 +1001,6 @@ public final class FuseSession: @unchecked Sendable {
         mounted = true
         unheard = UnheardInvalidations(send: { [unowned self] changes in sendWhileServing(changes) },
                                        held: { changes in fs.heldByKernel(changes) })
-        // The kernel's kill flags reach the ops through the shim's hooks; without them the
-        // kernel keeps dropping set-ID bits itself, and asks for security.capability per write.
-        if ubiquityfs_custom_io(session) != 0 { log("libfuse refused custom device I/O: set-ID bits stay the kernel's to drop") }
     }
 
     /// Serve requests on worker threads until unmounted (`fusermount3 -u`) or a signal arrives.
@@ -1015,7 +1021,21 @@ public final class FuseSession: @unchecked Sendable {
             bridge.readAhead = ("/sys/class/bdi/\(device)/read_ahead_kb", readAheadKiB)
             bridge.readAheadPending.store(true, ordering: .releasing)
         }
+        // The kernel's kill flags reach the ops through the device hooks; without them the
+        // kernel keeps dropping set-ID bits itself, and asks for security.capability per write.
+        // The same hooks serve requests over io_uring when the kernel offers it.
+        let logRing: ubiquityfs_log_fn = { message, context in
+            guard let message, let context else { return }
+            Unmanaged<Bridge>.fromOpaque(context).takeUnretainedValue().log(String(cString: message))
+        }
+        if ubiquityfs_custom_io(session, mountpoint, Int32(ioUringThreadsPerCPU), logRing, bridgeRef.toOpaque()) != 0 {
+            bridgeRef.takeUnretainedValue().log("libfuse refused custom device I/O: set-ID bits stay the kernel's to drop")
+        }
         let result = fuse_session_loop_mt(session, config)
+        // The rings' threads serve this session: they end before it does.
+        ubiquityfs_ring_stop()
+        let served = ubiquityfs_ring_served()
+        if served > 0 { bridgeRef.takeUnretainedValue().log("io_uring carried \(served) requests") }
         // Nothing answers a replay from now on; one still in flight ends when the session is
         // destroyed (the kernel fails it), and invalidations no longer wait for it.
         serving.store(false, ordering: .releasing)

@@ -2,7 +2,9 @@
 """UbiquityFS side by side with the native folder and other FUSE filesystems ("peers").
 
 Systems, each over a folder of its own on the same disk: native (the plain folder), ubiquityfs
-(the mount scripts/bench made, inside its SugoiApp container), passthrough_ll and passthrough_fh
+(the mount scripts/bench made, inside its SugoiApp container), ubiquityfs_dev (with --mount-dev:
+a second UbiquityFS daemon that keeps every request on /dev/fuse, beside one served over
+io_uring), passthrough_ll and passthrough_fh
 (libfuse's examples, built here from Debian's libfuse3-dev), bindfs and rclone (`rclone mount
 :local:DIR --vfs-cache-mode writes`). A peer that fails to mount is reported as such; the run goes
 on. libfuse's C++ passthrough_hp is not shipped by Debian (and cannot be fetched here): not run.
@@ -24,6 +26,7 @@ EXAMPLES = "/usr/share/doc/libfuse3-dev/examples"
 EXAMPLE_DEFINES = ["-DHAVE_UTIMENSAT", "-DHAVE_POSIX_FALLOCATE", "-DHAVE_FALLOCATE", "-DHAVE_SETXATTR",
                    "-DHAVE_FSTATAT", "-DHAVE_COPY_FILE_RANGE"]
 ALL_SYSTEMS = ["native", "ubiquityfs", "passthrough_ll", "passthrough_fh", "bindfs", "rclone"]
+OURS = ("ubiquityfs", "ubiquityfs_dev")   # mounted by scripts/bench, not here
 QUICK = dict(size=16, files=500, git_files=500, tar_entries=200, rounds=1, fio_size=16, fio_runtime=2, appends=20)
 FULL = dict(size=1024, files=10000, git_files=10000, tar_entries=2000, rounds=3, fio_size=256, fio_runtime=10, appends=50)
 MIB = 1 << 20
@@ -141,15 +144,19 @@ class Bench:
             s = System(name, os.path.join(a.native, "peers"))
         elif name == "ubiquityfs":
             s = System(name, os.path.join(a.mount, "peers"))
+        elif name == "ubiquityfs_dev":
+            s = System(name, os.path.join(a.mount_dev or "/nonexistent", "peers"))
         elif name == "passthrough_fh":   # mirrors / whole: the source folder is under the mount
             s = System(name, mnt + os.path.realpath(src), mnt)
         else:
             s = System(name, mnt, mnt)
         self.systems.append(s)
         try:
-            if name in ("native", "ubiquityfs"):
+            if name in ("native",) + OURS:
                 if name == "ubiquityfs" and not a.mount:
                     raise RuntimeError("no --mount given")
+                if name == "ubiquityfs_dev" and not a.mount_dev:
+                    raise RuntimeError("no --mount-dev given")
                 os.makedirs(s.folder, exist_ok=True)
                 return
             os.makedirs(src, exist_ok=True)
@@ -649,7 +656,7 @@ plot for [i=2:{ncol}] '{dat}' using i:xtic(1) title columnheader(i)
     def cleanup(self):
         self.stop_peers()
         for s in self.systems:
-            if s.name in ("native", "ubiquityfs") and os.path.isdir(s.folder):
+            if s.name in ("native",) + OURS and os.path.isdir(s.folder):
                 shutil.rmtree(s.folder, ignore_errors=True)
         if self.shm:
             shutil.rmtree(self.shm, ignore_errors=True)
@@ -664,6 +671,7 @@ def main():
     ap.add_argument("--native", required=True, help="the native folder (on the disk of the store)")
     ap.add_argument("--mount", help="the UbiquityFS container folder to work in (MNT/SugoiApp)")
     ap.add_argument("--pid", type=int, help="the UbiquityFS daemon's PID (for its CPU and RSS)")
+    ap.add_argument("--mount-dev", help="a second UbiquityFS container folder, its daemon on /dev/fuse only (adds ubiquityfs_dev)")
     ap.add_argument("--work", help="where the peers' folders go (default: beside --native)")
     ap.add_argument("--out", help="where peers.csv and peers.png go (default: a new /tmp/ubiquityfs-peers-* folder, kept)")
     ap.add_argument("--systems", default=",".join(ALL_SYSTEMS), help="comma-separated subset of " + ",".join(ALL_SYSTEMS))
@@ -682,7 +690,9 @@ def main():
         if getattr(a, k) is None:
             setattr(a, k, v)
     a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    unknown = [s for s in a.systems if s not in ALL_SYSTEMS]
+    if a.mount_dev and "ubiquityfs" in a.systems and "ubiquityfs_dev" not in a.systems:
+        a.systems.insert(a.systems.index("ubiquityfs") + 1, "ubiquityfs_dev")
+    unknown = [s for s in a.systems if s not in ALL_SYSTEMS + ["ubiquityfs_dev"]]
     if unknown:
         ap.error("unknown system(s): %s" % ", ".join(unknown))
     if "native" in a.systems:
