@@ -31,6 +31,7 @@
 #include <fuse3/fuse_lowlevel.h>
 
 #include "fuse_io.h"
+#include "uring_abi.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -46,6 +47,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -58,9 +60,7 @@
 #define IN_HEADER 40
 #define OUT_HEADER 16
 #define KILLPRIV_V2 (1u << 28)
-#define INIT_EXT (1u << 30)
 #define MAX_PAGES_FLAG (1u << 22)
-#define OVER_IO_URING (1u << 9)   /* FUSE_OVER_IO_URING (1 << 41), in flags2 */
 #define WRITE_KILL_SUIDGID (1u << 2)
 #define OPEN_KILL_SUIDGID (1u << 0)
 #define FATTR_MODE (1u << 0)
@@ -70,33 +70,8 @@ static uint32_t load32(const char *p) { uint32_t v; memcpy(&v, p, 4); return v; 
 static void store32(char *p, uint32_t v) { memcpy(p, &v, 4); }
 static uint64_t load64(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-// ---- the rings' layouts ---------------------------------------------------------------------
+// ---- state ---------------------------------------------------------------------------------------
 
-struct ent_in_out { uint64_t flags, commit_id; uint32_t payload_sz, padding; uint64_t reserved; };
-struct req_header { char in_out[128]; char op_in[128]; struct ent_in_out ent; };
-struct cmd_req { uint64_t flags, commit_id; uint16_t qid; uint8_t padding[6]; };
-struct sq_offsets { uint32_t head, tail, ring_mask, ring_entries, flags, dropped, array, resv1; uint64_t user_addr; };
-struct cq_offsets { uint32_t head, tail, ring_mask, ring_entries, overflow, cqes, flags, resv1; uint64_t user_addr; };
-struct ring_params {
-    uint32_t sq_entries, cq_entries, flags, sq_thread_cpu, sq_thread_idle, features, wq_fd, resv[3];
-    struct sq_offsets sq;
-    struct cq_offsets cq;
-};
-struct cqe { uint64_t user_data; int32_t res; uint32_t flags; };
-
-#define CMD_REGISTER 1u
-#define CMD_COMMIT_AND_FETCH 2u
-#define OP_POLL_ADD 6
-#define OP_STATX 21
-#define REGISTER_IOWQ_AFF 17
-#define STATX_FORCE_SYNC 0x2000
-#define OP_URING_CMD 46
-#define SETUP_SQE128 (1u << 10)
-#define ENTER_GETEVENTS 1u
-#define OFF_SQ_RING 0L
-#define OFF_CQ_RING 0x8000000L
-#define OFF_SQES 0x10000000L
-#define SQE_SIZE 128
 #define RING_SQES 64
 
 /// `unique` of an entry the kernel has dropped (its ring's thread ended, or it refused it).
@@ -111,7 +86,8 @@ struct ent {
     struct ring *ring;
     struct ent *next;            // every entry ever made, newest first (never freed)
     struct ent *handed;          // on its ring's list of answers from other threads
-    struct req_header *header;
+    struct ent *queued;          // on the workers' list (see offload)
+    struct uring_req_header *header;
     /// A page, then the payload buffer: a request's header and op struct are copied in just
     /// before the payload, so that it lies in memory as read from /dev/fuse.
     char *base;
@@ -127,7 +103,7 @@ struct ring {
     int qid, fd, wake;           // wake: the eventfd other threads write to
     unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
     char *sqes;
-    struct cqe *cqes;
+    struct uring_cqe *cqes;
     unsigned sq_entries, unsubmitted;
     pthread_t thread;
     pid_t tid;
@@ -158,11 +134,21 @@ static struct {
     struct ent *entries;         // atomic head
     uint64_t served;
     int stopping;
+    /// Large reads and writes, laid out, for the workers (see offload).
+    pthread_mutex_t work_lock;
+    pthread_cond_t work_ready;
+    struct ent *work;
+    pthread_t *workers;
+    int nworkers;
     /// The daemon's CPU set before any ring thread was pinned (see keep_affinity).
     cpu_set_t cpus;
     pthread_t keeper;
     int keeping;
-} state;
+} state = { .work_lock = PTHREAD_MUTEX_INITIALIZER, .work_ready = PTHREAD_COND_INITIALIZER };
+
+#define OP_READ 15
+/// Reads and writes of at least this many bytes are served by a worker (see offload).
+#define LARGE (128 * 1024)
 
 /// The entry whose request this thread is serving.
 static __thread struct ent *serving;
@@ -192,11 +178,11 @@ static void take_request(char *b, size_t n) {
     char *arg = b + IN_HEADER;
     size_t size = n - IN_HEADER;
     switch (load32(b + 4)) {
-    case OP_INIT:     // fuse_init_in: flags at 12, flags2 at 16 (with INIT_EXT)
+    case OP_INIT:     // fuse_init_in: flags at 12, flags2 at 16 (with URING_INIT_EXT)
         if (size >= 16) {
             uint32_t flags = load32(arg + 12);
             __atomic_store_n(&state.offered, flags, __ATOMIC_RELAXED);
-            __atomic_store_n(&state.offered2, (flags & INIT_EXT) && size >= 20 ? load32(arg + 16) : 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&state.offered2, (flags & URING_INIT_EXT) && size >= 20 ? load32(arg + 16) : 0, __ATOMIC_RELAXED);
             __atomic_store_n(&state.init_unique, load64(b + 8), __ATOMIC_RELEASE);
         }
         break;
@@ -215,41 +201,51 @@ static void take_request(char *b, size_t n) {
 
 // ---- the rings ----------------------------------------------------------------------------------
 
-/// Queues a command for entry `e` (REGISTER or COMMIT_AND_FETCH), or with `e` NULL a poll of
-/// the ring's eventfd. Only the ring's thread pushes (or anyone once it has ended).
 static int submit(struct ring *r, int wait);
 
-static void push(struct ring *r, uint32_t cmd, struct ent *e) {
-    // A full queue (many answers handed over at once) is submitted first.
+/// The next submission entry of ring `r`, cleared, with `opcode`, `fd` and `user_data` set
+/// (queued by `queue`). A full queue (many answers handed over at once) is submitted first.
+static char *next_sqe(struct ring *r, uint8_t opcode, int32_t fd, uint64_t data) {
     while (*r->sq_tail - __atomic_load_n(r->sq_head, __ATOMIC_ACQUIRE) >= r->sq_entries)
         if (submit(r, 0) <= 0) sched_yield();
+    char *s = r->sqes + URING_SQE_SIZE * (*r->sq_tail & *r->sq_mask);
+    memset(s, 0, URING_SQE_SIZE);
+    s[0] = (char)opcode;
+    memcpy(s + URING_SQE_FD, &fd, 4);
+    memcpy(s + URING_SQE_USER_DATA, &data, 8);
+    return s;
+}
+
+static void queue(struct ring *r) {
     unsigned tail = *r->sq_tail, slot = tail & *r->sq_mask;
-    char *s = r->sqes + SQE_SIZE * slot;
-    memset(s, 0, SQE_SIZE);
-    if (e) {
-        s[0] = OP_URING_CMD;
-        memcpy(s + 4, &state.fd, 4);                   // fd
-        memcpy(s + 8, &cmd, 4);                        // cmd_op
-        if (cmd == CMD_REGISTER) {
-            uint64_t addr = (uint64_t)(uintptr_t)e->iov;
-            uint32_t count = 2;
-            memcpy(s + 16, &addr, 8);                  // addr: the header and payload buffers
-            memcpy(s + 24, &count, 4);
-        }
-        struct cmd_req c = { .qid = (uint16_t)r->qid };
-        if (cmd == CMD_COMMIT_AND_FETCH) c.commit_id = e->header->ent.commit_id;
-        memcpy(s + 48, &c, sizeof c);                  // the command area of a 128-byte SQE
-    } else {
-        uint32_t events = POLLIN;
-        s[0] = OP_POLL_ADD;
-        memcpy(s + 4, &r->wake, 4);
-        memcpy(s + 28, &events, 4);                    // poll32_events
-    }
-    uint64_t data = (uint64_t)(uintptr_t)e;
-    memcpy(s + 32, &data, 8);                          // user_data
     r->sq_array[slot] = slot;
     __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
     r->unsubmitted++;
+}
+
+/// Queues a command for entry `e` (REGISTER or COMMIT_AND_FETCH), or with `e` NULL a poll of
+/// the ring's eventfd. Only the ring's thread pushes (or anyone once it has ended).
+static void push(struct ring *r, uint32_t cmd, struct ent *e) {
+    uint64_t data = (uint64_t)(uintptr_t)e;
+    if (!e) {
+        uint32_t events = POLLIN;
+        char *s = next_sqe(r, URING_OP_POLL_ADD, r->wake, data);
+        memcpy(s + URING_SQE_OP_FLAGS, &events, 4);
+        queue(r);
+        return;
+    }
+    char *s = next_sqe(r, URING_OP_URING_CMD, state.fd, data);
+    memcpy(s + URING_SQE_CMD_OP, &cmd, 4);
+    if (cmd == URING_CMD_REGISTER) {
+        uint64_t buffers = (uint64_t)(uintptr_t)e->iov;   // the header and payload buffers
+        uint32_t count = 2;
+        memcpy(s + URING_SQE_ADDR, &buffers, 8);
+        memcpy(s + URING_SQE_LEN, &count, 4);
+    }
+    struct uring_cmd_req c = { .qid = (uint16_t)r->qid };
+    if (cmd == URING_CMD_COMMIT_AND_FETCH) c.commit_id = e->header->ent.commit_id;
+    memcpy(s + URING_SQE_CMD, &c, sizeof c);
+    queue(r);
 }
 
 /// Submits what is queued, then (with `wait`) waits for a completion. What the kernel did not
@@ -257,7 +253,7 @@ static void push(struct ring *r, uint32_t cmd, struct ent *e) {
 static int submit(struct ring *r, int wait) {
     unsigned n = r->unsubmitted;
     if (n == 0 && !wait) return 0;
-    int done = (int)syscall(__NR_io_uring_enter, r->fd, n, wait, wait ? ENTER_GETEVENTS : 0, NULL, 0);
+    int done = (int)syscall(__NR_io_uring_enter, r->fd, n, wait, wait ? URING_ENTER_GETEVENTS : 0, NULL, 0);
     if (done >= 0 && (unsigned)done <= n) r->unsubmitted = n - (unsigned)done;
     return done;
 }
@@ -280,7 +276,7 @@ static struct ent *add_entry(struct ring *r) {
     e->iov[1] = (struct iovec){ e->base + state.page, state.payload };
     e->next = __atomic_load_n(&state.entries, __ATOMIC_RELAXED);
     while (!__atomic_compare_exchange_n(&state.entries, &e->next, e, 1, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {}
-    push(r, CMD_REGISTER, e);
+    push(r, URING_CMD_REGISTER, e);
     return e;
 }
 
@@ -291,24 +287,14 @@ static struct ent *add_entry(struct ring *r) {
 /// The nudge's answer is that commit. The entry is registered first (same submission, earlier).
 static void nudge(struct ring *r) {
     if (!state.mountpoint) return;
-    unsigned tail = *r->sq_tail;
-    while (tail - __atomic_load_n(r->sq_head, __ATOMIC_ACQUIRE) >= r->sq_entries)
-        if (submit(r, 0) <= 0) sched_yield();
-    char *s = r->sqes + SQE_SIZE * (tail & *r->sq_mask);
-    memset(s, 0, SQE_SIZE);
-    int32_t cwd = AT_FDCWD;
-    uint64_t path = (uint64_t)(uintptr_t)state.mountpoint, into = (uint64_t)(uintptr_t)r->nudged, data = NUDGE;
-    uint32_t mask = 0x7ff, flags = STATX_FORCE_SYNC;   // STATX_BASIC_STATS
-    s[0] = OP_STATX;
-    memcpy(s + 4, &cwd, 4);
-    memcpy(s + 8, &into, 8);
-    memcpy(s + 16, &path, 8);
-    memcpy(s + 24, &mask, 4);
-    memcpy(s + 28, &flags, 4);
-    memcpy(s + 32, &data, 8);
-    r->sq_array[tail & *r->sq_mask] = tail & *r->sq_mask;
-    __atomic_store_n(r->sq_tail, tail + 1, __ATOMIC_RELEASE);
-    r->unsubmitted++;
+    uint64_t path = (uint64_t)(uintptr_t)state.mountpoint, into = (uint64_t)(uintptr_t)r->nudged;
+    uint32_t mask = STATX_BASIC_STATS, flags = AT_STATX_FORCE_SYNC;
+    char *s = next_sqe(r, URING_OP_STATX, AT_FDCWD, NUDGE);
+    memcpy(s + URING_SQE_OFF, &into, 8);
+    memcpy(s + URING_SQE_ADDR, &path, 8);
+    memcpy(s + URING_SQE_LEN, &mask, 4);
+    memcpy(s + URING_SQE_OP_FLAGS, &flags, 4);
+    queue(r);
     submit(r, 0);
 }
 
@@ -350,7 +336,7 @@ static void hand(struct ent *e) {
         (void)!write(r->wake, &one, sizeof one);
         return;
     }
-    push(r, CMD_COMMIT_AND_FETCH, e);
+    push(r, URING_CMD_COMMIT_AND_FETCH, e);
     submit(r, 0);
     pthread_mutex_unlock(&r->lock);
 }
@@ -389,8 +375,10 @@ static void fill(struct ent *e, const struct iovec *iov, int count) {
 }
 
 /// Serves the request the kernel put in entry `e`.
-static void serve(struct ring *r, struct ent *e) {
-    struct req_header *h = e->header;
+/// Lays the request the kernel put in entry `e` out as /dev/fuse would have delivered it: its
+/// start and length, or NULL when it does not add up (then answered EIO).
+static char *lay_out(struct ring *r, struct ent *e, uint32_t *length) {
+    struct uring_req_header *h = e->header;
     uint32_t len = load32(h->in_out);
     uint64_t unique = load64(h->in_out + 8);
     size_t payload = h->ent.payload_sz;
@@ -401,8 +389,7 @@ static void serve(struct ring *r, struct ent *e) {
         struct { uint32_t len; int32_t error; uint64_t unique; } out = { OUT_HEADER, -EIO, unique };
         struct iovec iov = { &out, sizeof out };
         fill(e, &iov, 1);
-        push(r, CMD_COMMIT_AND_FETCH, e);
-        return;
+        return NULL;
     }
     size_t op = len - IN_HEADER - payload;
     char *start = e->base + state.page - IN_HEADER - op;
@@ -411,6 +398,63 @@ static void serve(struct ring *r, struct ent *e) {
     take_request(start, len);
     e->answered = 0;
     __atomic_store_n(&e->unique, unique, __ATOMIC_RELEASE);
+    *length = len;
+    return start;
+}
+
+/// Whether entry `e`'s request (laid out at `start`) reads or writes LARGE bytes or more.
+static int is_large(const char *start, uint32_t len) {
+    uint32_t opcode = load32(start + 4);
+    // fuse_read_in: size at 16; a write's data follows its 40-byte fuse_write_in.
+    if (opcode == OP_READ) return len >= IN_HEADER + 20 && load32(start + IN_HEADER + 16) >= LARGE;
+    return opcode == OP_WRITE && len >= IN_HEADER + 40 + LARGE;
+}
+
+/// A large read or write goes to a worker, not pinned to this CPU, and its answer comes back
+/// through `hand`: a sequential read or write then has the daemon's work on one CPU beside
+/// the program's copying on the other, where a ring thread would take turns with it.
+static void offload(struct ent *e) {
+    pthread_mutex_lock(&state.work_lock);
+    e->queued = state.work;
+    state.work = e;
+    pthread_cond_signal(&state.work_ready);
+    pthread_mutex_unlock(&state.work_lock);
+}
+
+static void *work_main(void *unused) {
+    (void)unused;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (;;) {
+        pthread_mutex_lock(&state.work_lock);
+        while (!state.work && !__atomic_load_n(&state.stopping, __ATOMIC_ACQUIRE))
+            pthread_cond_wait(&state.work_ready, &state.work_lock);
+        struct ent *e = state.work;
+        if (e) state.work = e->queued;
+        pthread_mutex_unlock(&state.work_lock);
+        if (!e) return NULL;
+        uint32_t len = load32(e->header->in_out);
+        struct fuse_buf buf = { .size = len, .mem = e->base + state.page - (len - e->header->ent.payload_sz) };
+        fuse_session_process_buf(state.se, &buf);
+        __atomic_add_fetch(&state.served, 1, __ATOMIC_RELAXED);
+    }
+}
+
+/// Serves the request the kernel put in entry `e`.
+static void serve(struct ring *r, struct ent *e) {
+    uint32_t len;
+    char *start = lay_out(r, e, &len);
+    if (!start) {
+        push(r, URING_CMD_COMMIT_AND_FETCH, e);
+        return;
+    }
+    // (Its entry stays busy meanwhile: requests the kernel queues behind it are fetched by
+    // the commit of its answer, which a read or write always gets.)
+    if (state.nworkers > 0 && is_large(start, len)) {
+        offload(e);
+        return;
+    }
     serving = e;
     struct fuse_buf buf = { .size = len, .mem = start };
     fuse_session_process_buf(state.se, &buf);
@@ -418,7 +462,7 @@ static void serve(struct ring *r, struct ent *e) {
     __atomic_add_fetch(&state.served, 1, __ATOMIC_RELAXED);
     if (e->answered) {
         __atomic_store_n(&e->unique, 0, __ATOMIC_RELEASE);
-        push(r, CMD_COMMIT_AND_FETCH, e);
+        push(r, URING_CMD_COMMIT_AND_FETCH, e);
     } else if (__atomic_load_n(&e->unique, __ATOMIC_ACQUIRE) != 0 && !has_free_entry(r)) {
         // Answered later (a lock that waits): this thread takes another entry.
         if (add_entry(r)) nudge(r);
@@ -481,7 +525,7 @@ static void *ring_main(void *arg) {
         }
         unsigned head = *r->cq_head, tail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
         while (head != tail) {
-            struct cqe c = r->cqes[head & *r->cq_mask];
+            struct uring_cqe c = r->cqes[head & *r->cq_mask];
             head++;
             __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
             struct ent *e = (struct ent *)(uintptr_t)c.user_data;
@@ -495,7 +539,7 @@ static void *ring_main(void *arg) {
                 struct ent *list = r->handed;
                 r->handed = NULL;
                 pthread_mutex_unlock(&r->lock);
-                for (; list; list = list->handed) push(r, CMD_COMMIT_AND_FETCH, list);
+                for (; list; list = list->handed) push(r, URING_CMD_COMMIT_AND_FETCH, list);
                 if (__atomic_load_n(&state.stopping, __ATOMIC_ACQUIRE)) ended = 1;
                 else push(r, 0, NULL);
             } else if (c.res == 0) {
@@ -516,7 +560,7 @@ static void *ring_main(void *arg) {
     // Answers still queued go out; later ones are committed by whoever gives them.
     pthread_mutex_lock(&r->lock);
     r->ended = 1;
-    for (struct ent *list = r->handed; list; list = list->handed) push(r, CMD_COMMIT_AND_FETCH, list);
+    for (struct ent *list = r->handed; list; list = list->handed) push(r, URING_CMD_COMMIT_AND_FETCH, list);
     r->handed = NULL;
     submit(r, 0);
     pthread_mutex_unlock(&r->lock);
@@ -576,9 +620,9 @@ static int possible_cpus(void) {
 static struct ring *open_ring(int qid) {
     struct ring *r = calloc(1, sizeof *r);
     if (!r) return NULL;
-    struct ring_params p;
+    struct uring_params p;
     memset(&p, 0, sizeof p);
-    p.flags = SETUP_SQE128;
+    p.flags = URING_SETUP_SQE128;
     r->qid = qid;
     r->fd = (int)syscall(__NR_io_uring_setup, RING_SQES, &p);
     r->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -589,10 +633,10 @@ static struct ring *open_ring(int qid) {
         return NULL;
     }
     size_t sq_len = p.sq.array + p.sq_entries * sizeof(unsigned);
-    size_t cq_len = p.cq.cqes + p.cq_entries * sizeof(struct cqe);
-    char *sq = mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, OFF_SQ_RING);
-    char *cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, OFF_CQ_RING);
-    r->sqes = mmap(NULL, p.sq_entries * SQE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, OFF_SQES);
+    size_t cq_len = p.cq.cqes + p.cq_entries * sizeof(struct uring_cqe);
+    char *sq = mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, URING_OFF_SQ_RING);
+    char *cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, URING_OFF_CQ_RING);
+    r->sqes = mmap(NULL, p.sq_entries * URING_SQE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, URING_OFF_SQES);
     if (sq == MAP_FAILED || cq == MAP_FAILED || r->sqes == MAP_FAILED) {
         report("requests go through /dev/fuse: mapping an io_uring: %s", strerror(errno));
         close(r->fd);
@@ -609,7 +653,7 @@ static struct ring *open_ring(int qid) {
     r->cq_head = (unsigned *)(cq + p.cq.head);
     r->cq_tail = (unsigned *)(cq + p.cq.tail);
     r->cq_mask = (unsigned *)(cq + p.cq.ring_mask);
-    r->cqes = (struct cqe *)(cq + p.cq.cqes);
+    r->cqes = (struct uring_cqe *)(cq + p.cq.cqes);
     return r;
 }
 
@@ -630,7 +674,7 @@ static void start_rings(void) {
             cpu_set_t cpu;   // its workers (a nudge's statx) make their requests on its CPU
             CPU_ZERO(&cpu);
             CPU_SET(q, &cpu);
-            (void)syscall(__NR_io_uring_register, r->fd, REGISTER_IOWQ_AFF, &cpu, sizeof cpu);
+            (void)syscall(__NR_io_uring_register, r->fd, URING_REGISTER_IOWQ_AFF, &cpu, sizeof cpu);
             if (!add_entry(r)) {
                 report("requests go through /dev/fuse: no memory for ring entries");
                 complete = 0;
@@ -647,6 +691,10 @@ static void start_rings(void) {
     state.rings = rings;
     __atomic_store_n(&state.nrings, n, __ATOMIC_RELEASE);
     if (!complete) return;   // the kernel keeps to /dev/fuse until every queue has an entry
+    state.workers = calloc((size_t)cpus, sizeof *state.workers);
+    for (int i = 0; state.workers && i < cpus; i++)
+        if (pthread_create(&state.workers[i], NULL, work_main, NULL) == 0) state.nworkers = i + 1;
+        else break;
     __atomic_store_n(&state.keeping, 1, __ATOMIC_RELEASE);
     if (pthread_create(&state.keeper, NULL, keep_affinity, NULL) != 0) state.keeping = 0;
     report("requests are served over io_uring: %d queues, %d threads each", cpus, threads);
@@ -658,6 +706,10 @@ void ubiquityfs_ring_stop(void) {
     uint64_t one = 1;
     for (int i = 0; i < n; i++) (void)!write(state.rings[i]->wake, &one, sizeof one);
     for (int i = 0; i < n; i++) pthread_join(state.rings[i]->thread, NULL);
+    pthread_mutex_lock(&state.work_lock);
+    pthread_cond_broadcast(&state.work_ready);
+    pthread_mutex_unlock(&state.work_lock);
+    for (int i = 0; i < state.nworkers; i++) pthread_join(state.workers[i], NULL);
     if (__atomic_exchange_n(&state.keeping, 0, __ATOMIC_ACQ_REL)) pthread_join(state.keeper, NULL);
 }
 
@@ -683,10 +735,10 @@ static int answer_init(struct iovec *iov, int count) {
     uint32_t offered = __atomic_load_n(&state.offered, __ATOMIC_RELAXED);
     uint32_t flags = load32(out + 12) | (offered & KILLPRIV_V2);
     int rings = 0;
-    if (state.threads_per_cpu > 0 && iov[1].iov_len >= 36 && (offered & INIT_EXT)
-        && (__atomic_load_n(&state.offered2, __ATOMIC_RELAXED) & OVER_IO_URING)) {
-        flags |= INIT_EXT;
-        store32(out + 32, load32(out + 32) | OVER_IO_URING);
+    if (state.threads_per_cpu > 0 && iov[1].iov_len >= 36 && (offered & URING_INIT_EXT)
+        && (__atomic_load_n(&state.offered2, __ATOMIC_RELAXED) & URING_OVER_IO_URING)) {
+        flags |= URING_INIT_EXT;
+        store32(out + 32, load32(out + 32) | URING_OVER_IO_URING);
         size_t pages = (flags & MAX_PAGES_FLAG) ? (uint16_t)load32(out + 28) : 32;
         size_t payload = (size_t)load32(out + 20);
         if (payload < pages * state.page) payload = pages * state.page;

@@ -8,7 +8,7 @@
 // request to the queue of the CPU it was made on). --idle runs those threads SCHED_IDLE: the
 // CPU then counts as idle when the thread wakes the requester, which the scheduler then wakes
 // where it slept instead of on the other CPU. Stays in the foreground; ends at unmount.
-// The kernel's io_uring layout (ABI 7.42) is written out here: Debian 12's headers predate it.
+// The kernel's io_uring layouts (ABI 7.42) are the daemon's (Debian 12's headers predate them).
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -26,29 +26,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define INIT_EXT (1u << 30)
-#define OVER_IO_URING_FLAGS2 (1u << 9)   /* FUSE_OVER_IO_URING, 1 << 41, in flags2 */
-#define CMD_REGISTER 1u
-#define CMD_COMMIT_AND_FETCH 2u
-#define OP_URING_CMD 46
-#define SETUP_SQE128 (1u << 10)
-#define ENTER_GETEVENTS 1u
-#define SQE_SIZE 128
+#include "../../Sources/CFuseIO/uring_abi.h"
+
 #define MAX_WRITE (128 * 1024)
 #define PAYLOAD (MAX_WRITE + 4096)
 #define DEPTH 4
-
-struct ent_in_out { uint64_t flags, commit_id; uint32_t payload_sz, padding; uint64_t reserved; };
-struct req_header { char in_out[128]; char op_in[128]; struct ent_in_out ent; };
-struct cmd_req { uint64_t flags, commit_id; uint16_t qid; uint8_t padding[6]; };
-struct sq_offsets { uint32_t head, tail, ring_mask, ring_entries, flags, dropped, array, resv1; uint64_t user_addr; };
-struct cq_offsets { uint32_t head, tail, ring_mask, ring_entries, overflow, cqes, flags, resv1; uint64_t user_addr; };
-struct ring_params {
-    uint32_t sq_entries, cq_entries, flags, sq_thread_cpu, sq_thread_idle, features, wq_fd, resv[3];
-    struct sq_offsets sq;
-    struct cq_offsets cq;
-};
-struct cqe { uint64_t user_data; int32_t res; uint32_t flags; };
 
 static int fuse_fd;
 static int use_uring, idle_threads;
@@ -126,8 +108,8 @@ static void answer_init(const struct fuse_in_header *in, const struct fuse_init_
     o.major = FUSE_KERNEL_VERSION;
     o.minor = FUSE_KERNEL_MINOR_VERSION;
     o.max_readahead = init->max_readahead;
-    o.flags = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_MAX_PAGES | INIT_EXT;
-    o.flags2 = use_uring ? OVER_IO_URING_FLAGS2 : 0;
+    o.flags = FUSE_ASYNC_READ | FUSE_BIG_WRITES | FUSE_MAX_PAGES | URING_INIT_EXT;
+    o.flags2 = use_uring ? URING_OVER_IO_URING : 0;
     o.max_background = 16;
     o.congestion_threshold = 12;
     o.max_write = MAX_WRITE;
@@ -166,8 +148,8 @@ struct queue {
     int qid, ring_fd;
     unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
     char *sqes;
-    struct cqe *cqes;
-    struct req_header *header[DEPTH];
+    struct uring_cqe *cqes;
+    struct uring_req_header *header[DEPTH];
     char *payload[DEPTH];
     struct iovec iov[DEPTH][2];
     unsigned pending;
@@ -177,12 +159,12 @@ struct queue {
 /// (entry `e`'s reply, then the next request).
 static void push(struct queue *q, int e, uint32_t op, uint64_t commit_id) {
     unsigned tail = *q->sq_tail, slot = tail & *q->sq_mask;
-    char *s = q->sqes + SQE_SIZE * slot;
-    memset(s, 0, SQE_SIZE);
-    s[0] = OP_URING_CMD;
+    char *s = q->sqes + URING_SQE_SIZE * slot;
+    memset(s, 0, URING_SQE_SIZE);
+    s[0] = URING_OP_URING_CMD;
     memcpy(s + 4, &fuse_fd, 4);                      // fd
     memcpy(s + 8, &op, 4);                           // cmd_op
-    if (op == CMD_REGISTER) {
+    if (op == URING_CMD_REGISTER) {
         uint64_t addr = (uint64_t)(uintptr_t)q->iov[e];
         uint32_t count = 2;
         memcpy(s + 16, &addr, 8);                    // addr: the header and payload iovecs
@@ -190,7 +172,7 @@ static void push(struct queue *q, int e, uint32_t op, uint64_t commit_id) {
     }
     uint64_t data = (uint64_t)e;
     memcpy(s + 32, &data, 8);                        // user_data
-    struct cmd_req c = { .commit_id = commit_id, .qid = (uint16_t)q->qid };
+    struct uring_cmd_req c = { .commit_id = commit_id, .qid = (uint16_t)q->qid };
     memcpy(s + 48, &c, sizeof c);                    // the command area of a 128-byte SQE
     q->sq_array[slot] = slot;
     __atomic_store_n(q->sq_tail, tail + 1, __ATOMIC_RELEASE);
@@ -198,17 +180,17 @@ static void push(struct queue *q, int e, uint32_t op, uint64_t commit_id) {
 }
 
 static int setup_queue(struct queue *q) {
-    struct ring_params p;
+    struct uring_params p;
     memset(&p, 0, sizeof p);
-    p.flags = SETUP_SQE128;
+    p.flags = URING_SETUP_SQE128;
     q->ring_fd = (int)syscall(__NR_io_uring_setup, DEPTH * 2, &p);
     if (q->ring_fd < 0) { perror("transport-probe: io_uring_setup"); return -1; }
     size_t sq_len = p.sq.array + p.sq_entries * sizeof(unsigned);
-    size_t cq_len = p.cq.cqes + p.cq_entries * sizeof(struct cqe);
+    size_t cq_len = p.cq.cqes + p.cq_entries * sizeof(struct uring_cqe);
     char *sq = mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, q->ring_fd, 0);
-    char *cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, q->ring_fd, 0x8000000);
-    q->sqes = mmap(NULL, p.sq_entries * SQE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                   q->ring_fd, 0x10000000);
+    char *cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, q->ring_fd, URING_OFF_CQ_RING);
+    q->sqes = mmap(NULL, p.sq_entries * URING_SQE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                   q->ring_fd, URING_OFF_SQES);
     if (sq == MAP_FAILED || cq == MAP_FAILED || q->sqes == MAP_FAILED) { perror("transport-probe: mmap"); return -1; }
     q->sq_tail = (unsigned *)(sq + p.sq.tail);
     q->sq_mask = (unsigned *)(sq + p.sq.ring_mask);
@@ -216,15 +198,15 @@ static int setup_queue(struct queue *q) {
     q->cq_head = (unsigned *)(cq + p.cq.head);
     q->cq_tail = (unsigned *)(cq + p.cq.tail);
     q->cq_mask = (unsigned *)(cq + p.cq.ring_mask);
-    q->cqes = (struct cqe *)(cq + p.cq.cqes);
+    q->cqes = (struct uring_cqe *)(cq + p.cq.cqes);
     for (int e = 0; e < DEPTH; e++) {
         q->header[e] = aligned_alloc(4096, 4096);
         q->payload[e] = aligned_alloc(4096, PAYLOAD);
         if (!q->header[e] || !q->payload[e]) return -1;
         memset(q->header[e], 0, 4096);
-        q->iov[e][0] = (struct iovec){ q->header[e], sizeof(struct req_header) };
+        q->iov[e][0] = (struct iovec){ q->header[e], sizeof(struct uring_req_header) };
         q->iov[e][1] = (struct iovec){ q->payload[e], PAYLOAD };
-        push(q, e, CMD_REGISTER, 0);
+        push(q, e, URING_CMD_REGISTER, 0);
     }
     return 0;
 }
@@ -240,13 +222,13 @@ static void *queue_loop(void *arg) {
     for (;;) {
         unsigned submit = q->pending;
         q->pending = 0;
-        if (syscall(__NR_io_uring_enter, q->ring_fd, submit, 1, ENTER_GETEVENTS, NULL, 0) < 0 && errno != EINTR) {
+        if (syscall(__NR_io_uring_enter, q->ring_fd, submit, 1, URING_ENTER_GETEVENTS, NULL, 0) < 0 && errno != EINTR) {
             perror("transport-probe: io_uring_enter");
             exit(1);
         }
         unsigned head = *q->cq_head, tail = __atomic_load_n(q->cq_tail, __ATOMIC_ACQUIRE);
         for (; head != tail; head++) {
-            struct cqe *c = &q->cqes[head & *q->cq_mask];
+            struct uring_cqe *c = &q->cqes[head & *q->cq_mask];
             int e = (int)c->user_data;
             if (c->res != 0) {
                 if (c->res == -ENOTCONN || c->res == -ENODEV) exit(0);   // unmounted
@@ -254,7 +236,7 @@ static void *queue_loop(void *arg) {
                 exit(1);
             }
             __atomic_add_fetch(&ring_served, 1, __ATOMIC_RELAXED);
-            struct req_header *h = q->header[e];
+            struct uring_req_header *h = q->header[e];
             struct fuse_in_header in;
             memcpy(&in, h->in_out, sizeof in);
             // A request's own struct is in op_in, its variable part (a name) in the payload.
@@ -265,7 +247,7 @@ static void *queue_loop(void *arg) {
             struct fuse_out_header reply = { .len = (uint32_t)(sizeof reply + len), .error = err, .unique = in.unique };
             memcpy(h->in_out, &reply, sizeof reply);
             h->ent.payload_sz = (uint32_t)len;
-            push(q, e, CMD_COMMIT_AND_FETCH, h->ent.commit_id);
+            push(q, e, URING_CMD_COMMIT_AND_FETCH, h->ent.commit_id);
         }
         __atomic_store_n(q->cq_head, head, __ATOMIC_RELEASE);
     }
