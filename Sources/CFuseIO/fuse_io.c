@@ -76,8 +76,8 @@ static uint64_t load64(const char *p) { uint64_t v; memcpy(&v, p, 8); return v; 
 
 /// `unique` of an entry the kernel has dropped (its ring's thread ended, or it refused it).
 #define DEAD UINT64_MAX
-/// `user_data` of a ring's nudge (see nudge).
-#define NUDGE 1
+/// The name of a nudge's thread (see nudge), which the keeper leaves pinned.
+#define NUDGER "ubiquityfs-nudge"
 
 struct ring;
 
@@ -92,7 +92,8 @@ struct ent {
     /// before the payload, so that it lies in memory as read from /dev/fuse.
     char *base;
     struct iovec iov[2];
-    /// The request the entry holds; 0 while the kernel has it (to fill); DEAD. Atomic.
+    /// The request the entry holds; 0 while the kernel has it or it waits to be committed;
+    /// DEAD. Atomic.
     uint64_t unique;
     /// Answered on the serving thread while being served: committed when serving returns.
     int answered;
@@ -137,7 +138,7 @@ static struct {
     /// Large reads and writes, laid out, for the workers (see offload).
     pthread_mutex_t work_lock;
     pthread_cond_t work_ready;
-    struct ent *work;
+    struct ent *work, *work_last;   // first in, first out
     pthread_t *workers;
     int nworkers;
     /// The daemon's CPU set before any ring thread was pinned (see keep_affinity).
@@ -224,7 +225,8 @@ static void queue(struct ring *r) {
 }
 
 /// Queues a command for entry `e` (REGISTER or COMMIT_AND_FETCH), or with `e` NULL a poll of
-/// the ring's eventfd. Only the ring's thread pushes (or anyone once it has ended).
+/// the ring's eventfd. Only the ring's thread pushes (before it starts, start_rings; once it has
+/// ended, whoever answers).
 static void push(struct ring *r, uint32_t cmd, struct ent *e) {
     uint64_t data = (uint64_t)(uintptr_t)e;
     if (!e) {
@@ -280,28 +282,48 @@ static struct ent *add_entry(struct ring *r) {
     return e;
 }
 
-/// Makes a request on this ring's CPU: a statx of the mount's root that reaches the daemon (a
-/// GETATTR), from an io_uring worker pinned to that CPU. A new entry is only made available:
-/// requests the kernel queued while the CPU's queue had none wait for the next answer
-/// committed on that queue, and when every other entry holds a lock that waits, none may come.
-/// The nudge's answer is that commit. The entry is registered first (same submission, earlier).
-static void nudge(struct ring *r) {
-    if (!state.mountpoint) return;
-    uint64_t path = (uint64_t)(uintptr_t)state.mountpoint, into = (uint64_t)(uintptr_t)r->nudged;
-    uint32_t mask = STATX_BASIC_STATS, flags = AT_STATX_FORCE_SYNC;
-    char *s = next_sqe(r, URING_OP_STATX, AT_FDCWD, NUDGE);
-    memcpy(s + URING_SQE_OFF, &into, 8);
-    memcpy(s + URING_SQE_ADDR, &path, 8);
-    memcpy(s + URING_SQE_LEN, &mask, 4);
-    memcpy(s + URING_SQE_OP_FLAGS, &flags, 4);
-    queue(r);
-    submit(r, 0);
+static void *nudge_main(void *queue) {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    // Named first, so that the keeper leaves it pinned (it starts on the queue's CPU already).
+    pthread_setname_np(pthread_self(), NUDGER);
+    cpu_set_t cpu;
+    CPU_ZERO(&cpu);
+    CPU_SET((int)(intptr_t)queue, &cpu);
+    (void)sched_setaffinity(0, sizeof cpu, &cpu);
+    struct statx into;
+    if (statx(AT_FDCWD, state.mountpoint, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS, &into) != 0)
+        report("a nudge (statx of %s) failed: %s", state.mountpoint, strerror(errno));
+    return NULL;
 }
 
-/// Whether ring `r` has an entry the kernel can fill.
+/// Makes a request on the CPU of ring `r`'s queue, from a short-lived thread pinned to it: a
+/// statx of the mount's root that reaches the daemon (a GETATTR). A registration only makes an
+/// entry available: requests the kernel queued while the queue had none wait for the next
+/// answer committed on that queue, and when every other entry holds a lock that waits, none may
+/// come. The nudge takes the new entry (submitted first) and its answer is that commit.
+static void nudge(struct ring *r) {
+    if (!state.mountpoint) return;
+    submit(r, 0);
+    pthread_attr_t attr;
+    cpu_set_t cpu;
+    CPU_ZERO(&cpu);
+    CPU_SET(r->qid, &cpu);
+    pthread_t thread;
+    if (pthread_attr_init(&attr) != 0) return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setaffinity_np(&attr, sizeof cpu, &cpu);
+    if (pthread_create(&thread, &attr, nudge_main, (void *)(intptr_t)r->qid) != 0)
+        report("io_uring queue %d: cannot start a nudge", r->qid);
+    pthread_attr_destroy(&attr);
+}
+
+/// Whether the queue of ring `r` has an entry the kernel can fill (or one of its threads is
+/// about to commit).
 static int has_free_entry(struct ring *r) {
     for (struct ent *e = __atomic_load_n(&state.entries, __ATOMIC_ACQUIRE); e; e = e->next)
-        if (e->ring == r && __atomic_load_n(&e->unique, __ATOMIC_ACQUIRE) == 0) return 1;
+        if (e->ring->qid == r->qid && __atomic_load_n(&e->unique, __ATOMIC_ACQUIRE) == 0) return 1;
     return 0;
 }
 
@@ -374,7 +396,6 @@ static void fill(struct ent *e, const struct iovec *iov, int count) {
     e->header->ent.payload_sz = (uint32_t)body;
 }
 
-/// Serves the request the kernel put in entry `e`.
 /// Lays the request the kernel put in entry `e` out as /dev/fuse would have delivered it: its
 /// start and length, or NULL when it does not add up (then answered EIO).
 static char *lay_out(struct ring *r, struct ent *e, uint32_t *length) {
@@ -415,8 +436,10 @@ static int is_large(const char *start, uint32_t len) {
 /// the program's copying on the other, where a ring thread would take turns with it.
 static void offload(struct ent *e) {
     pthread_mutex_lock(&state.work_lock);
-    e->queued = state.work;
-    state.work = e;
+    e->queued = NULL;
+    if (state.work_last) state.work_last->queued = e;
+    else state.work = e;
+    state.work_last = e;
     pthread_cond_signal(&state.work_ready);
     pthread_mutex_unlock(&state.work_lock);
 }
@@ -431,7 +454,7 @@ static void *work_main(void *unused) {
         while (!state.work && !__atomic_load_n(&state.stopping, __ATOMIC_ACQUIRE))
             pthread_cond_wait(&state.work_ready, &state.work_lock);
         struct ent *e = state.work;
-        if (e) state.work = e->queued;
+        if (e && !(state.work = e->queued)) state.work_last = NULL;
         pthread_mutex_unlock(&state.work_lock);
         if (!e) return NULL;
         uint32_t len = load32(e->header->in_out);
@@ -500,16 +523,14 @@ static void *ring_main(void *arg) {
     CPU_SET(r->qid, &cpu);
     // Best effort: a CPU outside the daemon's set serves unpinned.
     (void)sched_setaffinity(0, sizeof cpu, &cpu);
-    // Waiting, and while the answers it commits wake their callers, the thread is SCHED_IDLE:
-    // a CPU running only such threads counts as idle, so the scheduler wakes a caller on the
-    // CPU it slept on (this one) instead of on the other, halted one, which on a virtual
-    // machine costs more than the request. It serves at the daemon's own policy, so threads it
-    // starts do not inherit the idle one. Only where it may come back (and from the usual
-    // policies: a real-time daemon keeps its own).
+    // SCHED_IDLE while committing and waiting: a CPU running only such threads counts as idle,
+    // so an answer wakes its caller here, not on another (halted) CPU. Serving is at the
+    // daemon's own policy, which the threads it starts inherit. Only from the usual policies,
+    // and where it may come back.
     struct sched_param none = { 0 }, own;
     int policy = sched_getscheduler(0);
     int idle = (policy == SCHED_OTHER || policy == SCHED_BATCH) && sched_getparam(0, &own) == 0 && may_leave_idle();
-    int ended = 0, refused = 0, failed = 0, nudge_failed = 0;
+    int ended = 0, refused = 0, failed = 0;
     while (!ended) {
         if (idle && sched_setscheduler(0, SCHED_IDLE, &none) != 0) idle = 0;
         int done = submit(r, 1);
@@ -529,10 +550,7 @@ static void *ring_main(void *arg) {
             head++;
             __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
             struct ent *e = (struct ent *)(uintptr_t)c.user_data;
-            if (c.user_data == NUDGE) {
-                if (c.res < 0 && !nudge_failed++)
-                    report("io_uring queue %d: a nudge (statx of %s) failed: %s", r->qid, state.mountpoint, strerror(-c.res));
-            } else if (!e) {   // the eventfd: answers from other threads, or the stop
+            if (!e) {   // the eventfd: answers from other threads, or the stop
                 uint64_t count;
                 (void)!read(r->wake, &count, sizeof count);
                 pthread_mutex_lock(&r->lock);
@@ -593,6 +611,14 @@ static void *keep_affinity(void *unused) {
             for (int i = 0; i < state.nrings && !ring; i++) ring = __atomic_load_n(&state.rings[i]->tid, __ATOMIC_RELAXED) == tid;
             cpu_set_t set;
             if (tid <= 0 || ring || sched_getaffinity(tid, sizeof set, &set) != 0 || CPU_COUNT(&set) != 1) continue;
+            char path[64], name[32] = "";
+            snprintf(path, sizeof path, "/proc/self/task/%d/comm", (int)tid);
+            FILE *comm = fopen(path, "r");
+            if (comm) {
+                if (!fgets(name, sizeof name, comm)) name[0] = 0;
+                fclose(comm);
+            }
+            if (strncmp(name, NUDGER, 15) == 0) continue;   // comm keeps 15 characters
             for (int i = 0; i < state.nrings; i++)
                 if (CPU_ISSET(state.rings[i]->qid, &set)) {
                     (void)sched_setaffinity(tid, sizeof state.cpus, &state.cpus);
@@ -666,15 +692,16 @@ static void start_rings(void) {
     struct ring **rings = calloc((size_t)cpus * (size_t)threads, sizeof *rings);
     if (!rings) return;
     sched_getaffinity(0, sizeof state.cpus, &state.cpus);
+    // The workers first: the ring threads read how many there are.
+    state.workers = calloc((size_t)cpus, sizeof *state.workers);
+    for (int i = 0; state.workers && i < cpus; i++)
+        if (pthread_create(&state.workers[i], NULL, work_main, NULL) == 0) state.nworkers = i + 1;
+        else break;
     int n = 0, complete = 1;
     for (int q = 0; q < cpus && complete; q++)
         for (int t = 0; t < threads && complete; t++) {
             struct ring *r = open_ring(q);
             if (!r) { complete = 0; break; }
-            cpu_set_t cpu;   // its workers (a nudge's statx) make their requests on its CPU
-            CPU_ZERO(&cpu);
-            CPU_SET(q, &cpu);
-            (void)syscall(__NR_io_uring_register, r->fd, URING_REGISTER_IOWQ_AFF, &cpu, sizeof cpu);
             if (!add_entry(r)) {
                 report("requests go through /dev/fuse: no memory for ring entries");
                 complete = 0;
@@ -691,10 +718,6 @@ static void start_rings(void) {
     state.rings = rings;
     __atomic_store_n(&state.nrings, n, __ATOMIC_RELEASE);
     if (!complete) return;   // the kernel keeps to /dev/fuse until every queue has an entry
-    state.workers = calloc((size_t)cpus, sizeof *state.workers);
-    for (int i = 0; state.workers && i < cpus; i++)
-        if (pthread_create(&state.workers[i], NULL, work_main, NULL) == 0) state.nworkers = i + 1;
-        else break;
     __atomic_store_n(&state.keeping, 1, __ATOMIC_RELEASE);
     if (pthread_create(&state.keeper, NULL, keep_affinity, NULL) != 0) state.keeping = 0;
     report("requests are served over io_uring: %d queues, %d threads each", cpus, threads);

@@ -10,13 +10,10 @@
 #define URING_OVER_IO_URING (1u << 9)
 #define URING_CMD_REGISTER 1u
 #define URING_CMD_COMMIT_AND_FETCH 2u
-#define URING_OP_NOP 0
 #define URING_OP_POLL_ADD 6
-#define URING_OP_STATX 21
 #define URING_OP_URING_CMD 46
 #define URING_SETUP_SQE128 (1u << 10)
 #define URING_ENTER_GETEVENTS 1u
-#define URING_REGISTER_IOWQ_AFF 17
 #define URING_OFF_SQ_RING 0L
 #define URING_OFF_CQ_RING 0x8000000L
 #define URING_OFF_SQES 0x10000000L
@@ -24,7 +21,6 @@
 /// Offsets in a submission entry, and of the command area of a 128-byte one.
 #define URING_SQE_FD 4
 #define URING_SQE_CMD_OP 8
-#define URING_SQE_OFF 8
 #define URING_SQE_ADDR 16
 #define URING_SQE_LEN 24
 #define URING_SQE_OP_FLAGS 28
