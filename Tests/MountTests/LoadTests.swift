@@ -76,7 +76,10 @@ final class LoadTests: MountTestCase {
             let a = first.after[i], b = second.after[i]
             XCTAssertLessThanOrEqual(b.rss, a.rss + a.rss / 4 + 16 * 1024,
                                      "daemon \(i + 1): RSS grew from \(a.rss / 1024) MiB after the first run to \(b.rss / 1024) MiB")
-            XCTAssertLessThanOrEqual(b.fds, a.fds + 16, "daemon \(i + 1): descriptors grew from \(a.fds) to \(b.fds)")
+            // libfuse's workers come and go with the load, each holding a splice pipe (two
+            // descriptors) while it lives, up to 16 of them: a leak grows with the thousands of
+            // operations of a run, far past that.
+            XCTAssertLessThanOrEqual(b.fds, a.fds + 40, "daemon \(i + 1): descriptors grew from \(a.fds) to \(b.fds)")
         }
     }
 
